@@ -1,0 +1,133 @@
+"""Typed errors: every failure a caller can act on has its own class.
+
+All inherit from :class:`SuperfileError`; input errors also inherit from
+``ValueError`` so generic handlers keep working. The gateway maps each class
+to one HTTP status (see ``http_status``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SuperfileError",
+    "InvalidInputError",
+    "SchemaMismatchError",
+    "UnknownColumnError",
+    "VectorDimensionError",
+    "InvalidVectorError",
+    "InvalidPredicateError",
+    "InvalidTableNameError",
+    "InvalidOptionError",
+    "TableNotFoundError",
+    "TableExistsError",
+    "VersionNotFoundError",
+    "ReadOnlyTableError",
+    "ContentionError",
+    "StorageError",
+    "ObjectNotFoundError",
+    "PreconditionFailedError",
+    "ShortReadError",
+    "CorruptSuperfileError",
+]
+
+
+class SuperfileError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+    http_status = 500
+
+
+class InvalidInputError(SuperfileError, ValueError):
+    """The caller's input is wrong; nothing was written."""
+
+    http_status = 400
+
+
+class SchemaMismatchError(InvalidInputError):
+    """Appended data does not match the table schema."""
+
+
+class UnknownColumnError(InvalidInputError):
+    """A column named by the caller does not exist (or is not indexed for the operation)."""
+
+
+class VectorDimensionError(InvalidInputError):
+    """A vector has the wrong number of components for its column."""
+
+
+class InvalidVectorError(InvalidInputError):
+    """A vector holds NaN or infinite values, or is otherwise unusable."""
+
+
+class InvalidPredicateError(InvalidInputError):
+    """A ``where`` predicate could not be parsed or type-checked."""
+
+
+class InvalidTableNameError(InvalidInputError):
+    """A table name is not a safe, single path component."""
+
+
+class InvalidOptionError(InvalidInputError):
+    """A table or search option has an invalid value."""
+
+
+class TableNotFoundError(SuperfileError, KeyError):
+    """No table of that name exists."""
+
+    http_status = 404
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "table not found"
+
+
+class TableExistsError(SuperfileError):
+    """A table of that name already exists."""
+
+    http_status = 409
+
+
+class VersionNotFoundError(SuperfileError):
+    """The requested table version does not exist or is no longer retained."""
+
+    http_status = 404
+
+
+class ReadOnlyTableError(SuperfileError):
+    """A write was attempted on a handle pinned to a past version."""
+
+    http_status = 409
+
+
+class ContentionError(SuperfileError):
+    """A commit lost the publish race more times than its retry bound allows."""
+
+    http_status = 409
+
+
+class StorageError(SuperfileError):
+    """The storage backend failed in a way retries could not hide."""
+
+    http_status = 503
+
+
+class ObjectNotFoundError(StorageError):
+    """The object does not exist."""
+
+    http_status = 404
+
+
+class PreconditionFailedError(StorageError):
+    """A conditional write lost: the object exists (create-only) or changed (compare-and-swap)."""
+
+    http_status = 409
+
+
+class ShortReadError(StorageError):
+    """A range read could not return exactly the bytes asked for."""
+
+
+class CorruptSuperfileError(StorageError):
+    """A superfile's bytes do not match their checksums or structure."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(f"superfile {path!r} is corrupt: {detail}")
+        self.path = path

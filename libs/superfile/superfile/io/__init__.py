@@ -1,0 +1,82 @@
+"""Storage behind one small interface (the FileIO of this package).
+
+A table touches storage only through :class:`Storage`. Paths are relative,
+``/``-separated keys below the backend's root; backends never let a key
+escape that root. Every backend gives the same guarantees:
+
+- ``read_range`` is exact-or-error: exactly ``length`` bytes or a typed error.
+- ``write_if_absent`` / ``write_if_match`` are atomic conditional writes
+  (S3 ``If-None-Match: *`` / ``If-Match: <etag>``; local disk and memory use
+  their own atomic mechanisms) raising :class:`PreconditionFailedError`.
+- ``write`` makes the whole object visible at once or not at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Protocol, runtime_checkable
+
+__all__ = ["Storage", "ObjectInfo", "from_uri"]
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    path: str
+    size: int
+    mtime: float  # seconds since the epoch
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """What the table layer needs from a storage backend."""
+
+    uri: str
+
+    def read(self, path: str) -> bytes: ...
+
+    def read_with_etag(self, path: str) -> tuple[bytes, str]: ...
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes: ...
+
+    def size(self, path: str) -> int: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def write(self, path: str, data: bytes) -> str: ...
+
+    def write_if_absent(self, path: str, data: bytes) -> str: ...
+
+    def write_if_match(self, path: str, data: bytes, etag: str) -> str: ...
+
+    def delete(self, path: str) -> None: ...
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
+
+    def local_path(self, path: str) -> str | None: ...
+
+    def child(self, prefix: str) -> "Storage": ...
+
+
+def from_uri(uri: str, **options: object) -> Storage:
+    """Open the backend a URI names: ``memory://name``, ``file:///dir``, ``s3://bucket/prefix``."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    parts = urlsplit(uri)
+    query = dict(parse_qsl(parts.query))
+    opts: dict[str, object] = {**query, **options}
+    if parts.scheme == "memory":
+        from superfile.io.memory import MemoryStorage
+
+        return MemoryStorage(parts.netloc + parts.path)
+    if parts.scheme in ("file", ""):
+        from superfile.io.local import LocalStorage
+
+        path = (parts.netloc + parts.path) if parts.scheme == "file" else uri
+        return LocalStorage(path, **opts)  # type: ignore[arg-type]
+    if parts.scheme == "s3":
+        from superfile.io.s3 import S3Storage
+
+        return S3Storage(parts.netloc, parts.path.strip("/"), **opts)  # type: ignore[arg-type]
+    from superfile.errors import InvalidOptionError
+
+    raise InvalidOptionError(f"unsupported storage URI scheme {parts.scheme!r} in {uri!r}")
