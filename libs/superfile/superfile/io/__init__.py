@@ -13,10 +13,13 @@ escape that root. Every backend gives the same guarantees:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-__all__ = ["Storage", "ObjectInfo", "from_uri"]
+from superfile.errors import InvalidInputError
+
+__all__ = ["ObjectInfo", "Storage", "from_uri"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,41 @@ class Storage(Protocol):
 
     def local_path(self, path: str) -> str | None: ...
 
-    def child(self, prefix: str) -> "Storage": ...
+    def child(self, prefix: str) -> Storage: ...
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` unchanged if it is a safe relative key, else raise.
+
+    One rule for every backend, so a key means the same object everywhere and
+    can never reach outside the backend's root (``..``), alias another key
+    (``.``, ``a//b``) or be read differently by the OS (``\\``, NUL).
+    """
+    reason = None
+    if not isinstance(key, str) or not key:
+        reason = "it is empty"
+    elif key.startswith("/"):
+        reason = "it is absolute"
+    elif "\\" in key or "\0" in key:
+        reason = "it contains a backslash or NUL"
+    elif any(part in ("", ".", "..") for part in key.split("/")):
+        reason = "it has an empty, '.' or '..' component"
+    if reason is not None:
+        raise InvalidInputError(f"storage key {key!r} escapes the storage root: {reason}")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """Validate a listing prefix: empty, a key, or a key followed by ``/``."""
+    if prefix:
+        check_key(prefix[:-1] if prefix.endswith("/") else prefix)
+    return prefix
+
+
+def check_range(offset: int, length: int) -> None:
+    """Reject negative ranges up front: they are caller bugs, not short reads."""
+    if offset < 0 or length < 0:
+        raise InvalidInputError(f"invalid byte range: offset={offset} length={length}")
 
 
 def from_uri(uri: str, **options: object) -> Storage:

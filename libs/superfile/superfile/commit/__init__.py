@@ -1,0 +1,1 @@
+"""The commit pipeline, one module per stage: stage -> shard -> build -> summarize -> publish."""

@@ -1,0 +1,196 @@
+"""The Connection: the catalog of tables below one storage root (``connect(uri)``)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from dataclasses import fields
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from superfile.errors import (
+    InvalidOptionError,
+    InvalidTableNameError,
+    PreconditionFailedError,
+    TableExistsError,
+    TableNotFoundError,
+)
+from superfile.io import Storage, from_uri
+from superfile.manifest.model import HistoryEntry, ManifestList, Pointer, now_ms
+from superfile.manifest.store import POINTER
+from superfile.options import PartitionSpec, TableOptions, VectorColumn
+from superfile.schema import table_schema, to_arrow_table
+from superfile.table import Supertable
+from superfile.table.snapshot import Snapshot, TableFiles
+
+__all__ = ["Connection", "connect"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidTableNameError(
+            f"invalid table name {name!r}: use 1-128 letters, digits, '_' or '-', starting with a letter or digit"
+        )
+    return name
+
+
+def _fts(fts_columns: Sequence[str] | Mapping[str, str], tokenizer: str | Mapping[str, str]) -> dict[str, str]:
+    if isinstance(fts_columns, Mapping):
+        return dict(fts_columns)
+    if isinstance(fts_columns, str):
+        fts_columns = [fts_columns]
+    if isinstance(tokenizer, Mapping):
+        return {c: tokenizer.get(c, "english") for c in fts_columns}
+    return dict.fromkeys(fts_columns, tokenizer)
+
+
+def _vectors(vector_columns: Mapping[str, Any] | None) -> dict[str, VectorColumn]:
+    out = {}
+    for name, spec in (vector_columns or {}).items():
+        if isinstance(spec, VectorColumn):
+            out[name] = spec
+        elif isinstance(spec, Mapping):
+            out[name] = VectorColumn(**spec)
+        elif isinstance(spec, int):
+            out[name] = VectorColumn(spec)
+        else:
+            raise InvalidOptionError(f"vector column {name!r}: give {{'dim': N, 'metric': ...}}, got {spec!r}")
+    return out
+
+
+def _partition(partition: str | Mapping[str, str] | PartitionSpec | None) -> PartitionSpec | None:
+    if partition is None or isinstance(partition, PartitionSpec):
+        return partition
+    if isinstance(partition, str):
+        return PartitionSpec(partition)
+    return PartitionSpec(**partition)
+
+
+class Connection:
+    """Creates, opens, lists and drops the tables stored below one URI."""
+
+    def __init__(self, uri: str, *, verify_checksums: bool = True, cache_dir: str | None = None, **storage_options: Any):
+        self.uri = uri
+        self._storage: Storage = from_uri(uri, **storage_options)
+        self._verify = verify_checksums
+        self._cache_dir = cache_dir
+        self._files: dict[str, TableFiles] = {}
+        self._lock = threading.Lock()
+
+    def _table_files(self, name: str) -> TableFiles:
+        with self._lock:
+            files = self._files.get(name)
+            if files is None:
+                files = TableFiles(self._storage.child(name), verify=self._verify, cache_dir=self._cache_dir)
+                self._files[name] = files
+            return files
+
+    def table_names(self) -> list[str]:
+        """Names of every table, sorted."""
+        suffix = "/" + POINTER
+        return sorted(
+            info.path[: -len(suffix)]
+            for info in self._storage.list("")
+            if info.path.endswith(suffix) and info.path.count("/") == 1
+        )
+
+    def create_table(
+        self,
+        name: str,
+        schema: pa.Schema | None = None,
+        data: Any = None,
+        *,
+        fts_columns: Sequence[str] | Mapping[str, str] = (),
+        vector_columns: Mapping[str, Any] | None = None,
+        tokenizer: str | Mapping[str, str] = "english",
+        partition: str | Mapping[str, str] | PartitionSpec | None = None,
+        consistency: str = "strong",
+        exist_ok: bool = False,
+        **options: Any,
+    ) -> Supertable:
+        """Create a table from a schema (or from ``data``, whose schema it takes and which it appends)."""
+        _check_name(name)
+        if schema is None:
+            if data is None:
+                raise InvalidOptionError("create_table needs a schema or data")
+            schema = to_arrow_table(data).schema
+        unknown = set(options) - {f.name for f in fields(TableOptions)}
+        if unknown:
+            raise InvalidOptionError(f"unknown table options: {sorted(unknown)}")
+        opts = TableOptions(
+            fts_columns=_fts(fts_columns, tokenizer),
+            vector_columns=_vectors(vector_columns),
+            partition=_partition(partition),
+            consistency=consistency,
+            **options,
+        )
+        full_schema = table_schema(schema, opts)
+        files = self._table_files(name)
+        if files.storage.exists(POINTER):
+            if exist_ok:
+                return self.open_table(name)
+            raise TableExistsError(f"table {name!r} already exists")
+        store = files.manifests
+        store.init_sequence()
+        table_uuid = uuid.uuid4().hex
+        path = store.new_list_path(1)
+        created = now_ms()
+        manifest = ManifestList(
+            table_uuid=table_uuid,
+            version=1,
+            parent=None,
+            timestamp_ms=created,
+            operation="create",
+            schema=full_schema,
+            options=opts,
+            parts=(),
+            history=(HistoryEntry(1, path, created, "create", 0, 0, 0),),
+        )
+        store.write_list(manifest, path)
+        try:
+            store.create_pointer(Pointer(1, path, table_uuid))
+        except PreconditionFailedError:
+            if exist_ok:
+                return self.open_table(name)
+            raise TableExistsError(f"table {name!r} already exists") from None
+        table = Supertable(name, files, Snapshot(files, path, manifest))
+        if data is not None:
+            table.append(data)
+        return table
+
+    def open_table(self, name: str, version: int | None = None, *, consistency: str | None = None) -> Supertable:
+        """Open a table at its latest version, or read-only at an earlier ``version``."""
+        _check_name(name)
+        files = self._table_files(name)
+        try:
+            pointer, _ = files.manifests.read_pointer()
+        except TableNotFoundError:
+            raise TableNotFoundError(f"table {name!r} does not exist") from None
+        manifest = files.manifests.load_list(pointer.manifest)
+        table = Supertable(name, files, Snapshot(files, pointer.manifest, manifest), consistency=consistency)
+        return table if version is None else table.checkout(version)
+
+    def drop_table(self, name: str) -> None:
+        """Remove a table: it disappears atomically (pointer first), then its files are deleted."""
+        _check_name(name)
+        files = self._table_files(name)
+        if not files.storage.exists(POINTER):
+            raise TableNotFoundError(f"table {name!r} does not exist")
+        files.storage.delete(POINTER)
+        for info in list(files.storage.list("")):
+            files.storage.delete(info.path)
+        with self._lock:
+            self._files.pop(name, None)
+
+    def __repr__(self) -> str:
+        return f"Connection({self.uri!r})"
+
+
+def connect(uri: str, **options: Any) -> Connection:
+    """Open the catalog at ``uri``: ``memory://name``, ``file:///dir`` (or a plain path), ``s3://bucket/prefix``."""
+    return Connection(uri, **options)

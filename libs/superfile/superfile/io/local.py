@@ -1,0 +1,260 @@
+"""Local-disk storage: one file per key below a root directory.
+
+Every publish is a rename or a hard link of a fully written, fsynced temp
+file, so readers never see partial objects and a crash leaves either the old
+or the new object. Mutations of a directory's entries (replace, unlink, and
+the read-compare-replace of ``write_if_match``) are serialised by an
+``flock`` on that directory, which every process and every handle agrees on
+whatever root it was opened at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+
+from superfile.errors import (
+    InvalidOptionError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    ShortReadError,
+    StorageError,
+)
+from superfile.io import ObjectInfo, check_key, check_prefix, check_range
+
+__all__ = ["LocalStorage"]
+
+_TMP_SUFFIX = ".sftmp"
+
+
+def _etag(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+def _is_temp(name: str) -> bool:
+    return name.startswith(".") and name.endswith(_TMP_SUFFIX)
+
+
+def _sync_dir(directory: str) -> None:
+    """Make a rename or link in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _as_bool(name: str, value: bool | str) -> bool:
+    if isinstance(value, bool):
+        return value
+    lowered = str(value).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise InvalidOptionError(f"option {name} must be a boolean, got {value!r}")
+
+
+class LocalStorage:
+    """Objects as files under ``root``; etags are the hex MD5 of the content."""
+
+    def __init__(self, root: str, *, fsync: bool | str = True) -> None:
+        """``fsync=False`` skips the durability syncs (scratch data, benchmarks on tmpfs)."""
+        self._root = os.path.abspath(root)
+        self._fsync = _as_bool("fsync", fsync)
+        try:
+            os.makedirs(self._root, exist_ok=True)
+        except OSError as err:
+            raise StorageError(f"cannot create storage root {self._root!r}: {err}") from err
+        self.uri = "file://" + self._root
+
+    # -- helpers -----------------------------------------------------------
+
+    def _path(self, path: str) -> str:
+        return os.path.join(self._root, *check_key(path).split("/"))
+
+    @contextlib.contextmanager
+    def _errors(self, path: str) -> Iterator[None]:
+        """Turn OS errors into the package's typed storage errors."""
+        try:
+            yield
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as err:
+            raise ObjectNotFoundError(f"{self.uri}: no object {path!r}") from err
+        except OSError as err:
+            raise StorageError(f"{self.uri}: {path!r}: {err}") from err
+
+    @contextlib.contextmanager
+    def _dir_locked(self, directory: str) -> Iterator[None]:
+        """Hold an exclusive flock on ``directory``, then fsync it once released."""
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+        if self._fsync:
+            _sync_dir(directory)
+
+    def _write_temp(self, target: str, data: bytes) -> str:
+        """Write ``data`` to a fresh temp file next to ``target``; return its path."""
+        directory, name = os.path.split(target)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}{_TMP_SUFFIX}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with memoryview(data) as view:
+                written = 0
+                while written < len(view):
+                    written += os.write(fd, view[written:])
+            if self._fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    def _replace(self, target: str, tmp: str) -> None:
+        try:
+            with self._dir_locked(os.path.dirname(target)):
+                os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    # -- reads -------------------------------------------------------------
+
+    def read(self, path: str) -> bytes:
+        target = self._path(path)
+        with self._errors(path), open(target, "rb") as f:
+            return f.read()
+
+    def read_with_etag(self, path: str) -> tuple[bytes, str]:
+        data = self.read(path)
+        return data, _etag(data)
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        check_range(offset, length)
+        target = self._path(path)
+        with self._errors(path), open(target, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if offset + length > size:
+                raise ShortReadError(
+                    f"{self.uri}: {path!r} has {size} bytes, asked for {length} at offset {offset}"
+                )
+            chunks = []
+            got = 0
+            while got < length:
+                chunk = os.pread(f.fileno(), length - got, offset + got)
+                if not chunk:
+                    raise ShortReadError(f"{self.uri}: {path!r} ended at {offset + got}, expected more")
+                chunks.append(chunk)
+                got += len(chunk)
+            return b"".join(chunks)
+
+    def size(self, path: str) -> int:
+        target = self._path(path)
+        with self._errors(path):
+            st = os.stat(target)
+        if not stat.S_ISREG(st.st_mode):
+            raise ObjectNotFoundError(f"{self.uri}: no object {path!r}")
+        return st.st_size
+
+    def exists(self, path: str) -> bool:
+        return os.path.isfile(self._path(path))
+
+    # -- writes ------------------------------------------------------------
+
+    def write(self, path: str, data: bytes) -> str:
+        target = self._path(path)
+        with self._errors(path):
+            self._replace(target, self._write_temp(target, data))
+        return _etag(data)
+
+    def write_if_absent(self, path: str, data: bytes) -> str:
+        target = self._path(path)
+        with self._errors(path):
+            tmp = self._write_temp(target, data)
+            try:
+                # link() fails if the target exists and publishes a complete file.
+                os.link(tmp, target)
+            except FileExistsError as err:
+                raise PreconditionFailedError(f"{self.uri}: {path!r} already exists") from err
+            finally:
+                os.unlink(tmp)
+            if self._fsync:
+                _sync_dir(os.path.dirname(target))
+        return _etag(data)
+
+    def write_if_match(self, path: str, data: bytes, etag: str) -> str:
+        target = self._path(path)
+        with self._errors(path):
+            tmp = self._write_temp(target, data)
+            try:
+                with self._dir_locked(os.path.dirname(target)):
+                    with open(target, "rb") as f:
+                        current = _etag(f.read())
+                    if current != etag:
+                        raise PreconditionFailedError(
+                            f"{self.uri}: {path!r} changed (etag {etag!r} is stale)"
+                        )
+                    os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        return _etag(data)
+
+    def delete(self, path: str) -> None:
+        target = self._path(path)
+        with self._errors(path):
+            try:
+                with self._dir_locked(os.path.dirname(target)):
+                    os.unlink(target)
+            except (FileNotFoundError, NotADirectoryError):
+                return
+
+    # -- listing and paths ---------------------------------------------------
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        check_prefix(prefix)
+        start_rel = prefix.rpartition("/")[0]
+        start = os.path.join(self._root, *start_rel.split("/")) if start_rel else self._root
+        found: list[ObjectInfo] = []
+        for dirpath, dirnames, filenames in os.walk(start):
+            rel_dir = os.path.relpath(dirpath, self._root).replace(os.sep, "/")
+            rel_dir = "" if rel_dir == "." else rel_dir + "/"
+            # Only descend where keys can still start with the prefix.
+            dirnames[:] = [
+                d
+                for d in dirnames
+                if (rel_dir + d + "/").startswith(prefix) or prefix.startswith(rel_dir + d + "/")
+            ]
+            for name in filenames:
+                rel = rel_dir + name
+                if _is_temp(name) or not rel.startswith(prefix):
+                    continue
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except FileNotFoundError:
+                    continue  # deleted while listing
+                found.append(ObjectInfo(rel, st.st_size, st.st_mtime))
+        found.sort(key=lambda info: info.path)
+        yield from found
+
+    def local_path(self, path: str) -> str | None:
+        return self._path(path)
+
+    def child(self, prefix: str) -> LocalStorage:
+        sub = check_key(prefix.removesuffix("/"))
+        return LocalStorage(os.path.join(self._root, *sub.split("/")), fsync=self._fsync)

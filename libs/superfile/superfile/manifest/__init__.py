@@ -1,0 +1,1 @@
+"""Manifests: typed version metadata, summaries for pruning, and their storage."""

@@ -1,0 +1,341 @@
+"""Typed manifest metadata and its JSON form.
+
+A version of a table is one :class:`ManifestList`: table configuration, the
+version history, and references to manifest *parts*. A part is an immutable
+file holding :class:`SuperfileEntry` summaries; successor versions reference
+the parts they carry forward instead of copying them.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from superfile.expressions import ColumnStats
+from superfile.format import Section
+from superfile.manifest.bloom import BloomFilter
+from superfile.options import TableOptions
+
+__all__ = [
+    "TextSummary",
+    "VectorSummary",
+    "DeletionRef",
+    "SuperfileEntry",
+    "PartRef",
+    "HistoryEntry",
+    "ManifestList",
+    "Pointer",
+    "encode_value",
+    "decode_value",
+]
+
+FORMAT_VERSION = 1
+
+
+def encode_value(value: Any, type_: pa.DataType) -> Any:
+    """A statistics value as JSON: temporal values as their storage integer, bytes as base64."""
+    if value is None:
+        return None
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if pa.types.is_temporal(type_):
+        arr = pa.array([value], type_)
+        return arr.view(pa.int64() if type_.bit_width == 64 else pa.int32())[0].as_py()
+    if isinstance(value, bytes):
+        return {"b64": base64.b64encode(value).decode()}
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    return value
+
+
+def decode_value(value: Any, type_: pa.DataType) -> Any:
+    if value is None:
+        return None
+    if pa.types.is_temporal(type_):
+        storage = pa.int64() if type_.bit_width == 64 else pa.int32()
+        return pa.array([value], storage).view(type_)[0].as_py()
+    if isinstance(value, dict) and "b64" in value:
+        return base64.b64decode(value["b64"])
+    if pa.types.is_decimal(type_):
+        return decimal.Decimal(value)
+    return value
+
+
+def _stats_to_json(stats: dict[str, ColumnStats], schema: pa.Schema) -> dict[str, list[Any]]:
+    out = {}
+    for name, s in stats.items():
+        t = schema.field(name).type
+        out[name] = [encode_value(s.min, t), encode_value(s.max, t), s.null_count, s.row_count]
+    return out
+
+
+def _stats_from_json(d: dict[str, list[Any]], schema: pa.Schema) -> dict[str, ColumnStats]:
+    out = {}
+    for name, (lo, hi, nulls, rows) in d.items():
+        if name not in schema.names:
+            continue
+        t = schema.field(name).type
+        out[name] = ColumnStats(decode_value(lo, t), decode_value(hi, t), nulls, rows)
+    return out
+
+
+@dataclass(frozen=True)
+class TextSummary:
+    """Per full-text column: which terms a superfile may hold, and their lexicographic range."""
+
+    bloom: BloomFilter | None  # None for aggregated (part-level) summaries
+    min_term: str | None
+    max_term: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"min": self.min_term, "max": self.max_term}
+        if self.bloom is not None:
+            d["bloom"] = self.bloom.to_json()
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TextSummary:
+        bloom = BloomFilter.from_json(d["bloom"]) if "bloom" in d else None
+        return cls(bloom, d["min"], d["max"])
+
+
+@dataclass(frozen=True)
+class VectorSummary:
+    """Per vector column: a centroid and the radius around it holding every vector."""
+
+    centroid: np.ndarray
+    radius: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "centroid": base64.b64encode(np.asarray(self.centroid, "<f4").tobytes()).decode(),
+            "radius": float(self.radius),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> VectorSummary:
+        return cls(np.frombuffer(base64.b64decode(d["centroid"]), "<f4"), float(d["radius"]))
+
+
+@dataclass(frozen=True)
+class DeletionRef:
+    """A deletion vector: a Roaring bitmap of deleted row offsets, stored beside the superfile."""
+
+    path: str
+    count: int
+
+
+@dataclass(frozen=True)
+class SuperfileEntry:
+    """Everything the table needs to route, prune and open one superfile without reading it."""
+
+    path: str
+    size: int
+    rows: int
+    id_min: int
+    id_max: int
+    footer_crc32: int
+    sections: dict[str, Section]
+    stats: dict[str, ColumnStats]
+    text: dict[str, TextSummary]
+    vectors: dict[str, VectorSummary]
+    partition: str | None
+    added_version: int
+    deletes: DeletionRef | None = None
+
+    @property
+    def live_rows(self) -> int:
+        return self.rows - (self.deletes.count if self.deletes else 0)
+
+    def to_json(self, schema: pa.Schema) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "size": self.size,
+            "rows": self.rows,
+            "id_range": [self.id_min, self.id_max],
+            "footer_crc32": self.footer_crc32,
+            "sections": {n: [s.kind, s.offset, s.length, s.crc32] for n, s in self.sections.items()},
+            "stats": _stats_to_json(self.stats, schema),
+            "text": {c: t.to_json() for c, t in self.text.items()},
+            "vectors": {c: v.to_json() for c, v in self.vectors.items()},
+            "partition": self.partition,
+            "added_version": self.added_version,
+            "deletes": None if self.deletes is None else [self.deletes.path, self.deletes.count],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], schema: pa.Schema) -> SuperfileEntry:
+        dels = d.get("deletes")
+        return cls(
+            path=d["path"],
+            size=d["size"],
+            rows=d["rows"],
+            id_min=d["id_range"][0],
+            id_max=d["id_range"][1],
+            footer_crc32=d["footer_crc32"],
+            sections={n: Section(n, k, o, ln, c) for n, (k, o, ln, c) in d["sections"].items()},
+            stats=_stats_from_json(d["stats"], schema),
+            text={c: TextSummary.from_json(t) for c, t in d["text"].items()},
+            vectors={c: VectorSummary.from_json(v) for c, v in d["vectors"].items()},
+            partition=d["partition"],
+            added_version=d["added_version"],
+            deletes=None if dels is None else DeletionRef(dels[0], dels[1]),
+        )
+
+
+@dataclass(frozen=True)
+class PartRef:
+    """A manifest part as the manifest list names it, with aggregate summaries for pruning whole parts."""
+
+    path: str
+    partition: str | None
+    entry_count: int
+    byte_size: int
+    rows: int
+    live_rows: int
+    id_min: int
+    id_max: int
+    stats: dict[str, ColumnStats]
+    text: dict[str, TextSummary]
+    sealed: bool
+
+    def to_json(self, schema: pa.Schema) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "partition": self.partition,
+            "entry_count": self.entry_count,
+            "byte_size": self.byte_size,
+            "rows": self.rows,
+            "live_rows": self.live_rows,
+            "id_range": [self.id_min, self.id_max],
+            "stats": _stats_to_json(self.stats, schema),
+            "text": {c: t.to_json() for c, t in self.text.items()},
+            "sealed": self.sealed,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], schema: pa.Schema) -> PartRef:
+        return cls(
+            path=d["path"],
+            partition=d["partition"],
+            entry_count=d["entry_count"],
+            byte_size=d["byte_size"],
+            rows=d["rows"],
+            live_rows=d["live_rows"],
+            id_min=d["id_range"][0],
+            id_max=d["id_range"][1],
+            stats=_stats_from_json(d["stats"], schema),
+            text={c: TextSummary.from_json(t) for c, t in d["text"].items()},
+            sealed=d["sealed"],
+        )
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One committed version, as listed by the version history."""
+
+    version: int
+    manifest: str
+    timestamp_ms: int
+    operation: str
+    rows_added: int
+    rows_deleted: int
+    row_count: int
+
+    def to_json(self) -> list[Any]:
+        return [
+            self.version,
+            self.manifest,
+            self.timestamp_ms,
+            self.operation,
+            self.rows_added,
+            self.rows_deleted,
+            self.row_count,
+        ]
+
+    @classmethod
+    def from_json(cls, v: list[Any]) -> HistoryEntry:
+        return cls(*v)
+
+
+@dataclass(frozen=True)
+class ManifestList:
+    """One immutable version of a table."""
+
+    table_uuid: str
+    version: int
+    parent: str | None
+    timestamp_ms: int
+    operation: str
+    schema: pa.Schema
+    options: TableOptions
+    parts: tuple[PartRef, ...]
+    history: tuple[HistoryEntry, ...]
+    properties: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return sum(p.live_rows for p in self.parts)
+
+    @property
+    def superfile_count(self) -> int:
+        return sum(p.entry_count for p in self.parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "supertable",
+            "format_version": FORMAT_VERSION,
+            "table_uuid": self.table_uuid,
+            "version": self.version,
+            "parent": self.parent,
+            "timestamp_ms": self.timestamp_ms,
+            "operation": self.operation,
+            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+            "schema_fields": [f"{f.name}: {f.type}{'' if f.nullable else ' not null'}" for f in self.schema],
+            "options": self.options.to_dict(),
+            "parts": [p.to_json(self.schema) for p in self.parts],
+            "history": [h.to_json() for h in self.history],
+            "properties": self.properties,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ManifestList:
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(d["schema"])))
+        return cls(
+            table_uuid=d["table_uuid"],
+            version=d["version"],
+            parent=d["parent"],
+            timestamp_ms=d["timestamp_ms"],
+            operation=d["operation"],
+            schema=schema,
+            options=TableOptions.from_dict(d["options"]),
+            parts=tuple(PartRef.from_json(p, schema) for p in d["parts"]),
+            history=tuple(HistoryEntry.from_json(h) for h in d["history"]),
+            properties=d.get("properties", {}),
+        )
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """The table's current version: the only object that is ever overwritten (by compare-and-swap)."""
+
+    version: int
+    manifest: str
+    table_uuid: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "manifest": self.manifest, "table_uuid": self.table_uuid}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Pointer:
+        return cls(d["version"], d["manifest"], d["table_uuid"])
+
+
+def now_ms() -> int:
+    return int(datetime.datetime.now(datetime.timezone.utc).timestamp() * 1000)

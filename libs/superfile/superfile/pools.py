@@ -1,0 +1,34 @@
+"""Process-wide worker pools: superfile builds and query fan-out never share threads.
+
+Separate pools keep background writes from starving foreground reads (spec,
+Concurrency). Sizes default to the core count and can be set with
+``SUPERFILE_BUILD_THREADS`` / ``SUPERFILE_QUERY_THREADS``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+__all__ = ["build_pool", "query_pool"]
+
+_lock = threading.Lock()
+_pools: dict[str, ThreadPoolExecutor] = {}
+
+
+def _pool(kind: str, env: str) -> ThreadPoolExecutor:
+    with _lock:
+        pool = _pools.get(kind)
+        if pool is None:
+            size = int(os.environ.get(env, "0")) or max(2, os.cpu_count() or 2)
+            pool = _pools[kind] = ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"superfile-{kind}")
+        return pool
+
+
+def build_pool() -> ThreadPoolExecutor:
+    return _pool("build", "SUPERFILE_BUILD_THREADS")
+
+
+def query_pool() -> ThreadPoolExecutor:
+    return _pool("query", "SUPERFILE_QUERY_THREADS")

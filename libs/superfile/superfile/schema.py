@@ -1,0 +1,167 @@
+"""Table schemas and input coercion: bad input is rejected here, before anything is written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from superfile.errors import (
+    InvalidInputError,
+    InvalidOptionError,
+    InvalidVectorError,
+    SchemaMismatchError,
+    VectorDimensionError,
+)
+from superfile.options import TableOptions
+
+__all__ = ["ID", "SCORE", "table_schema", "user_schema", "to_arrow_table", "coerce"]
+
+ID = "_id"
+SCORE = "score"
+_ID_FIELD = pa.field(ID, pa.uint64(), nullable=False)
+
+
+def table_schema(schema: pa.Schema, options: TableOptions) -> pa.Schema:
+    """The stored schema: ``_id`` first, vector columns as ``fixed_size_list<float32>[dim]``."""
+    if not isinstance(schema, pa.Schema):
+        raise InvalidInputError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+    if len(set(schema.names)) != len(schema.names):
+        raise InvalidOptionError(f"schema has duplicate column names: {schema.names}")
+    fields = []
+    for f in schema:
+        if f.name == ID and len(fields) == 0 and f.type == pa.uint64():
+            continue  # a schema read back from a table already has _id
+        if f.name.startswith("_") or f.name == SCORE or not f.name:
+            raise InvalidOptionError(
+                f"column name {f.name!r} is reserved (names starting with '_' and 'score' are the table's)"
+            )
+        if f.name in options.vector_columns:
+            dim = options.vector_columns[f.name].dim
+            fields.append(pa.field(f.name, pa.list_(pa.float32(), dim), nullable=False))
+        else:
+            if pa.types.is_nested(f.type) and not pa.types.is_dictionary(f.type):
+                raise InvalidOptionError(
+                    f"column {f.name!r} has nested type {f.type}; only vector columns may be lists"
+                )
+            fields.append(f)
+    out = pa.schema([_ID_FIELD, *fields])
+    options.check_schema(out)
+    return out
+
+
+def user_schema(schema: pa.Schema) -> pa.Schema:
+    """The table schema without ``_id``: what callers supply on append."""
+    return schema.remove(schema.get_field_index(ID))
+
+
+def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
+    """Accept a pyarrow Table/RecordBatch, a list of dicts, a dict of columns or a pandas DataFrame."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, list):
+        if not all(isinstance(r, dict) for r in data):
+            raise InvalidInputError("a list of rows must hold dicts")
+        if schema is not None:
+            extra = set().union(*(r.keys() for r in data)) - set(schema.names) if data else set()
+            if extra:
+                raise SchemaMismatchError(f"unknown columns {sorted(extra)}; the table has {schema.names}")
+            try:
+                return pa.Table.from_pylist(data, schema=schema)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+                raise SchemaMismatchError(f"rows do not match the table schema: {e}") from None
+        return pa.Table.from_pylist(data)
+    if isinstance(data, dict):
+        try:
+            return pa.table(data)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+            raise InvalidInputError(f"cannot build a table from the given columns: {e}") from None
+    if type(data).__name__ == "DataFrame" and hasattr(data, "to_dict"):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise InvalidInputError(
+        f"data must be a pyarrow Table or RecordBatch, a list of dicts, a dict of columns or a pandas "
+        f"DataFrame, got {type(data).__name__}"
+    )
+
+
+def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
+    if src == dst or pa.types.is_null(src):
+        return True
+    kinds = (
+        (pa.types.is_integer, pa.types.is_integer),
+        (pa.types.is_integer, pa.types.is_floating),
+        (pa.types.is_floating, pa.types.is_floating),
+        (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),) * 2,
+        (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t),) * 2,
+        (pa.types.is_timestamp, pa.types.is_timestamp),
+        (pa.types.is_date, pa.types.is_date),
+        (pa.types.is_decimal, pa.types.is_decimal),
+        (pa.types.is_dictionary, lambda t: True),
+    )
+    return any(a(src) and b(dst) for a, b in kinds)
+
+
+def _coerce_vector(name: str, col: pa.ChunkedArray, dim: int) -> pa.Array:
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    t = arr.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+        raise SchemaMismatchError(f"vector column {name!r} must hold lists of floats, got {t}")
+    if arr.null_count:
+        raise InvalidVectorError(f"vector column {name!r} has {arr.null_count} null vectors")
+    if len(arr) == 0:
+        return pa.FixedSizeListArray.from_arrays(pa.array([], pa.float32()), dim)
+    lengths = np.asarray(pc.list_value_length(arr).to_numpy(zero_copy_only=False))
+    bad = np.flatnonzero(lengths != dim)
+    if bad.size:
+        raise VectorDimensionError(
+            f"vector column {name!r} expects {dim} values per vector; row {int(bad[0])} has {int(lengths[bad[0]])}"
+        )
+    values = pc.list_flatten(arr)
+    if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
+        raise SchemaMismatchError(f"vector column {name!r} must hold numbers, got {values.type}")
+    if values.null_count:
+        raise InvalidVectorError(f"vector column {name!r} has null components")
+    flat = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32)
+    if not np.isfinite(flat).all():
+        row = int(np.flatnonzero(~np.isfinite(flat))[0]) // dim
+        raise InvalidVectorError(f"vector column {name!r} has NaN or infinite values (row {row})")
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), dim)
+
+
+def coerce(data: Any, schema: pa.Schema, options: TableOptions) -> pa.Table:
+    """Validate and convert user data to the table's user schema (no ``_id``), or raise a typed error."""
+    target = user_schema(schema)
+    table = to_arrow_table(data, target if isinstance(data, list) else None)
+    if ID in table.column_names:
+        raise SchemaMismatchError(f"{ID!r} is assigned by the table and cannot be supplied")
+    extra = [n for n in table.column_names if n not in target.names]
+    if extra:
+        raise SchemaMismatchError(f"unknown columns {extra}; the table has {target.names}")
+    if len(set(table.column_names)) != len(table.column_names):
+        raise SchemaMismatchError(f"duplicate columns in data: {table.column_names}")
+    columns: list[pa.Array | pa.ChunkedArray] = []
+    for f in target:
+        if f.name not in table.column_names:
+            if not f.nullable:
+                raise SchemaMismatchError(f"required column {f.name!r} is missing")
+            columns.append(pa.nulls(table.num_rows, f.type))
+            continue
+        col = table.column(f.name)
+        if f.name in options.vector_columns:
+            columns.append(_coerce_vector(f.name, col, options.vector_columns[f.name].dim))
+            continue
+        if col.type != f.type:
+            if not _compatible(col.type, f.type):
+                raise SchemaMismatchError(f"column {f.name!r} has type {col.type}, the table expects {f.type}")
+            try:
+                col = col.cast(f.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise SchemaMismatchError(f"column {f.name!r} cannot be converted to {f.type}: {e}") from None
+        if not f.nullable and col.null_count:
+            raise SchemaMismatchError(f"column {f.name!r} is not nullable but has {col.null_count} nulls")
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=target)

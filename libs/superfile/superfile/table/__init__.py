@@ -1,0 +1,191 @@
+"""The Supertable handle: synchronous reads and writes over a table's snapshots."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from superfile.errors import ReadOnlyTableError, UnknownColumnError, VersionNotFoundError
+from superfile.expressions import parse_predicate
+from superfile.manifest.model import HistoryEntry, ManifestList
+from superfile.options import TableOptions
+from superfile.table.snapshot import Snapshot, TableFiles
+from superfile.table.writer import Transaction
+
+__all__ = ["Supertable", "Transaction"]
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+class Supertable:
+    """A table of many immutable superfiles. Obtain one from a Connection.
+
+    Each call reads one snapshot chosen by the table's consistency policy
+    (``strong``: the latest commit; ``bounded``: at most ``max_staleness_s``
+    old; ``snapshot``: the version the handle opened, advanced only by its own
+    writes). A handle opened at an explicit version is read-only.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        files: TableFiles,
+        snapshot: Snapshot,
+        *,
+        pinned: bool = False,
+        consistency: str | None = None,
+    ) -> None:
+        self.name = name
+        self._files = files
+        self._snapshot = snapshot
+        self._pinned = pinned
+        self._consistency = consistency or snapshot.manifest.options.consistency
+        self._checked = time.monotonic()
+        self._lock = threading.Lock()
+
+    # -- snapshots ----------------------------------------------------------------
+    def _current(self) -> Snapshot:
+        """The snapshot this read uses, refreshed as the consistency policy says."""
+        if self._pinned or self._consistency == "snapshot":
+            return self._snapshot
+        if self._consistency == "bounded":
+            staleness = self._snapshot.manifest.options.max_staleness_s
+            if time.monotonic() - self._checked < staleness:
+                return self._snapshot
+        return self._refresh()
+
+    def _refresh(self) -> Snapshot:
+        pointer, _ = self._files.manifests.read_pointer()
+        with self._lock:
+            self._checked = time.monotonic()
+            if pointer.manifest != self._snapshot.path and pointer.version >= self._snapshot.version:
+                manifest = self._files.manifests.load_list(pointer.manifest)
+                self._snapshot = Snapshot(self._files, pointer.manifest, manifest)
+            return self._snapshot
+
+    def _writable_snapshot(self) -> Snapshot:
+        if self._pinned:
+            raise ReadOnlyTableError(
+                f"table {self.name!r} is open at version {self._snapshot.version}; open it without a version to write"
+            )
+        return self._refresh()
+
+    def _published(self, path: str, manifest: ManifestList) -> None:
+        with self._lock:
+            if manifest.version > self._snapshot.version:
+                self._snapshot = Snapshot(self._files, path, manifest)
+
+    def checkout(self, version: int) -> Supertable:
+        """A read-only handle on an earlier version (while it is retained)."""
+        entry = self._history_entry(version)
+        manifest = self._files.manifests.load_list(entry.manifest)
+        return Supertable(self.name, self._files, Snapshot(self._files, entry.manifest, manifest), pinned=True)
+
+    def _history_entry(self, version: int) -> HistoryEntry:
+        history = self._refresh_for_history().manifest.history
+        for h in history:
+            if h.version == version:
+                return h
+        raise VersionNotFoundError(
+            f"table {self.name!r} has no version {version} (versions {history[0].version}..{history[-1].version})"
+        )
+
+    def _refresh_for_history(self) -> Snapshot:
+        return self._snapshot if self._pinned else self._refresh()
+
+    # -- metadata -----------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._current().version
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._snapshot.schema
+
+    @property
+    def options(self) -> TableOptions:
+        return self._snapshot.manifest.options
+
+    def stats(self) -> dict[str, Any]:
+        """Snapshot facts from the manifest alone (no superfile bytes read), plus process memory."""
+        snap = self._current()
+        m = snap.manifest
+        return {
+            "name": self.name,
+            "version": m.version,
+            "manifest_id": snap.path,
+            "superfile_count": m.superfile_count,
+            "row_count": m.rows,
+            "deleted_rows": sum(p.rows - p.live_rows for p in m.parts),
+            "manifest_parts": len(m.parts),
+            "manifest_parts_fetched": self._files.manifests.parts_fetched,
+            "resident_memory_bytes": _rss_bytes(),
+        }
+
+    def versions(self) -> list[dict[str, Any]]:
+        """Every retained version: number, time, operation and row counts."""
+        return [
+            {
+                "version": h.version,
+                "timestamp_ms": h.timestamp_ms,
+                "operation": h.operation,
+                "rows_added": h.rows_added,
+                "rows_deleted": h.rows_deleted,
+                "row_count": h.row_count,
+            }
+            for h in self._refresh_for_history().manifest.history
+        ]
+
+    # -- reads --------------------------------------------------------------------
+    def to_arrow(self, columns: list[str] | None = None, where: str | None = None) -> pa.Table:
+        """Every live row (optionally filtered and projected), vectors included."""
+        snap = self._current()
+        if columns is not None:
+            unknown = [c for c in columns if c not in snap.schema.names]
+            if unknown:
+                raise UnknownColumnError(f"unknown columns {unknown}; the table has {snap.schema.names}")
+        predicate = parse_predicate(where, snap.schema) if where is not None else None
+        return snap.scan(columns, predicate)
+
+    def count_rows(self, where: str | None = None) -> int:
+        snap = self._current()
+        return snap.count(parse_predicate(where, snap.schema) if where is not None else None)
+
+    # -- writes -------------------------------------------------------------------
+    def transaction(self) -> Transaction:
+        """Stage several writes into one commit: ``with table.transaction() as tx: ...``."""
+        return Transaction(self)
+
+    def append(self, data: Any) -> int:
+        """Add rows; returns the new version (the current one if ``data`` is empty)."""
+        with self.transaction() as tx:
+            tx.append(data)
+        assert tx.commit_version is not None
+        return tx.commit_version
+
+    def delete(self, where: str) -> int:
+        """Delete every row matching the SQL predicate; returns the new version."""
+        with self.transaction() as tx:
+            tx.delete(where)
+        assert tx.commit_version is not None
+        return tx.commit_version
+
+    def update(self, where: str, data: Any) -> int:
+        """Replace the rows matching ``where`` 1:1 (in ``_id`` order) by ``data``, keeping their ``_id``."""
+        with self.transaction() as tx:
+            tx.update(where, data)
+        assert tx.commit_version is not None
+        return tx.commit_version
+
+    def __repr__(self) -> str:
+        return f"Supertable({self.name!r}, version={self._snapshot.version})"

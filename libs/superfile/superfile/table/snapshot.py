@@ -1,0 +1,142 @@
+"""The reader: a snapshot pinned to one manifest, with pruning and row reads over its superfiles."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyroaring
+
+from superfile._lru import LRU
+from superfile.expressions import Predicate
+from superfile.format import SuperfileReader
+from superfile.io import Storage
+from superfile.manifest.model import ManifestList, PartRef, SuperfileEntry
+from superfile.manifest.store import ManifestStore
+from superfile.pools import query_pool
+from superfile.schema import ID
+
+__all__ = ["TableFiles", "Snapshot"]
+
+T = TypeVar("T")
+
+
+class TableFiles:
+    """One table's storage, manifest store and open-superfile cache, shared by all its snapshots."""
+
+    def __init__(self, storage: Storage, *, verify: bool = True, cache_dir: str | None = None) -> None:
+        self.storage = storage
+        self.manifests = ManifestStore(storage)
+        self.verify = verify
+        self.cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "superfile-cache")
+        self._readers = LRU(256)
+
+    def open(self, entry: SuperfileEntry) -> SuperfileReader:
+        def load() -> SuperfileReader:
+            local = self.storage.local_path(entry.path)
+            source: str | bytes = local if local is not None else self.storage.read(entry.path)
+            return SuperfileReader.open(
+                source,
+                name=f"{self.storage.uri.rstrip('/')}/{entry.path}",
+                verify=self.verify,
+                cache_dir=self.cache_dir,
+                expected_footer_crc32=entry.footer_crc32,
+            )
+
+        reader, _ = self._readers.get_or_load(entry.path, load)
+        return reader
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An immutable view of one table version. Every read of one call goes through one snapshot."""
+
+    files: TableFiles
+    path: str
+    manifest: ManifestList
+
+    def __post_init__(self) -> None:
+        parts = self.manifest.parts
+        if 1 < len(parts) <= self.manifest.options.manifest_eager_max_parts:
+            self.map(lambda p: self.files.manifests.load_part(p, self.schema), parts)  # eager, in parallel
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.manifest.schema
+
+    def map(self, fn: Callable[[T], object], items: Sequence[T]) -> list:  # type: ignore[type-arg]
+        """Run ``fn`` over ``items`` on the query pool (inline for a single item)."""
+        if len(items) <= 1:
+            return [fn(i) for i in items]
+        return list(query_pool().map(fn, items))
+
+    def parts(self, where: Predicate | None = None) -> list[PartRef]:
+        return [p for p in self.manifest.parts if p.live_rows and (where is None or where.might_match(p.stats))]
+
+    def entries(self, where: Predicate | None = None) -> list[SuperfileEntry]:
+        """Superfile entries the predicate may match: whole parts are pruned first, loading only the rest."""
+        out: list[SuperfileEntry] = []
+        for part_entries in self.map(lambda p: self.files.manifests.load_part(p, self.schema), self.parts(where)):
+            out.extend(e for e in part_entries if e.live_rows and (where is None or where.might_match(e.stats)))
+        return out
+
+    def deleted(self, entry: SuperfileEntry) -> pyroaring.AbstractBitMap:
+        if entry.deletes is None:
+            return pyroaring.FrozenBitMap()
+        return self.files.manifests.load_deletes(entry.deletes.path)
+
+    def live_offsets(self, entry: SuperfileEntry) -> np.ndarray:
+        deleted = self.deleted(entry)
+        offsets = np.arange(entry.rows, dtype=np.int64)
+        if len(deleted):
+            offsets = offsets[~np.isin(offsets, np.fromiter(deleted, np.int64, len(deleted)))]
+        return offsets
+
+    def matching_offsets(self, entry: SuperfileEntry, where: Predicate | None) -> np.ndarray:
+        """Row offsets of live rows of one superfile that satisfy ``where``."""
+        offsets = self.live_offsets(entry)
+        if where is None or not len(offsets):
+            return offsets
+        cols = self.files.open(entry).read(sorted(where.columns))
+        mask = np.asarray(where.evaluate(cols).to_numpy(zero_copy_only=False), dtype=bool)
+        return offsets[mask[offsets]]
+
+    def read_rows(self, entry: SuperfileEntry, offsets: np.ndarray, columns: Sequence[str]) -> pa.Table:
+        """The given rows of one superfile, scalar columns from Parquet and vector columns from their blob."""
+        reader = self.files.open(entry)
+        vector_cols = self.manifest.options.vector_columns
+        scalar = [c for c in columns if c not in vector_cols]
+        table = reader.read(scalar, rows=offsets) if scalar else pa.table({})
+        arrays = []
+        for c in columns:
+            arrays.append(reader.vectors(c, offsets) if c in vector_cols else table.column(c))
+        return pa.Table.from_arrays(arrays, schema=pa.schema([self.schema.field(c) for c in columns]))
+
+    def scan(self, columns: Sequence[str] | None = None, where: Predicate | None = None) -> pa.Table:
+        """Every live row matching ``where``, in ``_id`` order of superfiles (rows of one file stay in order)."""
+        cols = list(columns) if columns is not None else list(self.schema.names)
+        entries = sorted(self.entries(where), key=lambda e: (e.id_min, e.path))
+
+        def one(entry: SuperfileEntry) -> pa.Table:
+            return self.read_rows(entry, self.matching_offsets(entry, where), cols)
+
+        tables = [t for t in self.map(one, entries) if t.num_rows]
+        target = pa.schema([self.schema.field(c) for c in cols])
+        return pa.concat_tables(tables).combine_chunks() if tables else target.empty_table()
+
+    def count(self, where: Predicate | None = None) -> int:
+        if where is None:
+            return self.manifest.rows
+        return sum(self.map(lambda e: len(self.matching_offsets(e, where)), self.entries(where)))
+
+    def ids(self, entry: SuperfileEntry, offsets: np.ndarray) -> np.ndarray:
+        return np.asarray(self.files.open(entry).read([ID], rows=offsets).column(ID).to_numpy(), dtype=np.uint64)
