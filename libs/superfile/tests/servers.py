@@ -98,13 +98,24 @@ class FaultyProxy:
     - ``"drop"``: close the client connection before reading anything.
     - ``"truncate"``: forward the first response's headers and ``cut`` body bytes, then close.
     - ``None``: behave.
+
+    Independently, ``upload_cut`` cuts whichever connection carries request
+    byte number ``upload_cut`` counted over all connections (once), e.g. to
+    kill an upload halfway whatever the client's connection reuse.
     """
 
-    def __init__(self, upstream: str, faults: Sequence[str | None], cut: int = 10) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        faults: Sequence[str | None],
+        cut: int = 10,
+        upload_cut: int | None = None,
+    ) -> None:
         host, _, port = upstream.removeprefix("http://").partition(":")
         self._upstream = (host, int(port))
         self._faults = list(faults)
         self._cut = cut
+        self._upload_left = upload_cut
         self._lock = threading.Lock()
         self.connections = 0
         self.faults_done = 0
@@ -161,18 +172,18 @@ class FaultyProxy:
             with upstream:
                 client.settimeout(30)
                 upstream.settimeout(30)
-                back = threading.Thread(target=self._pipe, args=(client, upstream), daemon=True)
+                back = threading.Thread(target=self._pipe_upload, args=(client, upstream), daemon=True)
                 back.start()
                 if fault == "truncate":
                     self._truncate(upstream, client)
-                    # Close both ends so the request side stops too.
+                else:
+                    self._pipe(upstream, client)
+                if fault is not None:  # close both ends so the other direction stops too
                     for sock in (client, upstream):
                         try:
                             sock.shutdown(socket.SHUT_RDWR)
                         except OSError:
                             pass
-                else:
-                    self._pipe(upstream, client)
                 back.join(timeout=30)
 
     def _count_fault(self) -> None:
@@ -196,6 +207,25 @@ class FaultyProxy:
                 body += chunk
             dst.sendall(head + b"\r\n\r\n" + body[: self._cut])
             self._count_fault()
+        except OSError:
+            return
+
+    def _pipe_upload(self, src: socket.socket, dst: socket.socket) -> None:
+        """Copy client to upstream, cutting both at the proxy-wide ``upload_cut`` byte."""
+        try:
+            while chunk := src.recv(65536):
+                with self._lock:
+                    left = self._upload_left
+                    if left is not None:
+                        self._upload_left = left - len(chunk) if left > len(chunk) else None
+                if left is not None and left <= len(chunk):
+                    dst.sendall(chunk[:left])
+                    self._count_fault()
+                    for sock in (src, dst):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    return
+                dst.sendall(chunk)
+            dst.shutdown(socket.SHUT_WR)
         except OSError:
             return
 

@@ -1,0 +1,48 @@
+# Two entry points on a fresh Debian machine with Python 3.11, as root:
+#   make run   - install, then load the Cranfield sample into ./data and show it
+#   make test  - install everything the tests need (servers included), lint, type-check, run all tests
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+
+.PHONY: install install-test run test lint typecheck pytest bench clean
+
+$(BIN)/python:
+	@$(PY) -m venv $(VENV) 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && $(PY) -m venv $(VENV); }
+	@$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python libs/superfile/pyproject.toml
+	$(BIN)/pip install -q -e libs/superfile
+	@touch $@
+
+install: $(STAMP)
+
+$(TEST_STAMP): $(STAMP) libs/superfile/pyproject.toml
+	$(BIN)/pip install -q -e 'libs/superfile[dev]'
+	@touch $@
+
+install-test: $(TEST_STAMP)
+
+run: install
+	$(BIN)/superfile demo --uri file://./data
+
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install-test
+	$(BIN)/mypy libs/superfile/superfile
+
+pytest: install-test
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck pytest
+
+bench: install-test
+	$(BIN)/pip install -q lancedb
+	$(BIN)/python bench/append_bench.py
+
+clean:
+	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache

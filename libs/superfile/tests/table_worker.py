@@ -1,0 +1,38 @@
+"""Writer processes for the concurrency and crash tests (run as ``python table_worker.py MODE ...``).
+
+Each appended batch is ``rows`` rows tagged with (worker, seq) so the parent
+can check that every acknowledged batch is present exactly once.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pyarrow as pa
+
+import superfile
+
+
+def batch(worker: int, seq: int, rows: int) -> pa.Table:
+    return pa.table(
+        {
+            "worker": pa.array([worker] * rows, pa.int32()),
+            "seq": pa.array([seq] * rows, pa.int32()),
+            "text": [f"worker {worker} batch {seq} row {i}" for i in range(rows)],
+        }
+    )
+
+
+def main() -> None:
+    mode, uri, table_name, worker, count, rows = sys.argv[1:7]
+    table = superfile.connect(uri).open_table(table_name)
+    for seq in range(int(count)):
+        version = table.append(batch(int(worker), seq, int(rows)))
+        # acknowledgement: printed only after append returned
+        print(f"ack {worker} {seq} {version}", flush=True)
+    if mode != "append":
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()

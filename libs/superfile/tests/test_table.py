@@ -1,0 +1,328 @@
+"""The embedded engine end to end: commits, snapshots, deletes, updates, transactions, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+import superfile
+from superfile.errors import (
+    ContentionError,
+    CorruptSuperfileError,
+    InvalidPredicateError,
+    InvalidTableNameError,
+    InvalidVectorError,
+    ReadOnlyTableError,
+    SchemaMismatchError,
+    TableExistsError,
+    TableNotFoundError,
+    UnknownColumnError,
+    VectorDimensionError,
+)
+from superfile.io import from_uri
+
+HERE = Path(__file__).resolve().parent
+CRANFIELD = HERE.parents[2] / "examples" / "data" / "cranfield" / "docs.parquet"
+WORKER = HERE / "table_worker.py"
+
+
+@pytest.fixture(scope="module")
+def cranfield() -> pa.Table:
+    return pq.read_table(CRANFIELD)
+
+
+def create_docs(db: superfile.Connection, name: str, schema: pa.Schema, **kw: object) -> superfile.Supertable:
+    return db.create_table(
+        name,
+        schema,
+        fts_columns=["title", "text"],
+        vector_columns={"embedding": {"dim": 384, "metric": "cosine"}},
+        **kw,
+    )
+
+
+def superfile_bytes(uri: str, table: str, path: str) -> bytes:
+    return from_uri(uri).child(table).read(path)
+
+
+def superfile_paths(t: superfile.Supertable) -> list[str]:
+    snap = t._current()
+    return [e.path for e in snap.entries()]
+
+
+def test_cranfield_in_several_commits(storage_uri: str, cranfield: pa.Table, tmp_path: Path) -> None:
+    db = superfile.connect(storage_uri)
+    t = create_docs(db, "docs", cranfield.schema)
+    versions = [t.append(cranfield.slice(a, 500)) for a in range(0, cranfield.num_rows, 500)]
+    assert versions == [2, 3, 4]
+    assert t.count_rows() == cranfield.num_rows
+    got = t.to_arrow().sort_by("_id")
+    assert got.column("_id").to_pylist() == list(range(cranfield.num_rows))
+    assert got.drop_columns(["_id"]).equals(cranfield)
+
+    # each superfile read directly by pyarrow and DuckDB gives the table's rows (vectors live in the blob)
+    direct = []
+    for path in superfile_paths(t):
+        local = tmp_path / Path(path).name
+        local.write_bytes(superfile_bytes(storage_uri, "docs", path))
+        by_arrow = pq.read_table(local)
+        by_duck = duckdb.sql(f"select * from read_parquet('{local}')").arrow()
+        if hasattr(by_duck, "read_all"):
+            by_duck = by_duck.read_all()
+        assert by_arrow.column_names == ["_id", "id", "title", "author", "source", "text"]
+        assert by_duck.sort_by("_id").to_pylist() == by_arrow.sort_by("_id").to_pylist()
+        direct.append(by_arrow)
+    scalar = got.drop_columns(["embedding"])
+    assert pa.concat_tables(direct).sort_by("_id").equals(scalar)
+
+    if not storage_uri.startswith("memory://"):  # reopened in a new process
+        script = (
+            "import json, sys, superfile\n"
+            f"t = superfile.connect({storage_uri!r}).open_table('docs')\n"
+            "a = t.to_arrow(columns=['_id', 'id']).sort_by('_id')\n"
+            "print(json.dumps([t.version, a.column('_id').to_pylist(), a.column('id').to_pylist()]))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+        version, ids, doc_ids = json.loads(out.stdout)
+        assert version == 4
+        assert ids == list(range(cranfield.num_rows))
+        assert doc_ids == cranfield.column("id").to_pylist()
+
+
+def test_snapshot_pinned_reader_keeps_its_view(cranfield: pa.Table) -> None:
+    db = superfile.connect("memory://pinned-" + os.urandom(4).hex())
+    t = create_docs(db, "docs", cranfield.schema)
+    t.append(cranfield.slice(0, 100))
+    pinned = db.open_table("docs", consistency="snapshot")
+    old = db.open_table("docs", version=2)
+    t.append(cranfield.slice(100, 100))
+    assert pinned.count_rows() == 100 and old.count_rows() == 100
+    assert db.open_table("docs").count_rows() == 200
+    assert t.count_rows() == 200
+    with pytest.raises(ReadOnlyTableError):
+        old.append(cranfield.slice(0, 1))
+
+
+def test_delete_update_transaction(cranfield: pa.Table) -> None:
+    db = superfile.connect("memory://dut-" + os.urandom(4).hex())
+    t = create_docs(db, "docs", cranfield.schema)
+    t.append(cranfield.slice(0, 300))
+    t.append(cranfield.slice(300, 300))
+    v = t.delete("id <= 10 OR id > 590")
+    assert t.count_rows() == 600 - 10 - 10
+    assert t.count_rows("id <= 10") == 0
+    replacement = cranfield.filter(pc.equal(cranfield["id"], 42)).set_column(
+        1, "title", pa.array(["a replaced title"])
+    )
+    before_id = t.to_arrow(columns=["_id"], where="id = 42").column("_id").to_pylist()
+    t.update("id = 42", replacement)
+    row = t.to_arrow(where="id = 42")
+    assert row.num_rows == 1 and row.column("title").to_pylist() == ["a replaced title"]
+    assert row.column("_id").to_pylist() == before_id
+    with pytest.raises(superfile.InvalidInputError):
+        t.update("id < 50", replacement)  # count mismatch: nothing staged
+    assert t.count_rows() == 580
+
+    with t.transaction() as tx:
+        tx.append(cranfield.slice(600, 50))
+        tx.delete("id > 640")  # also sees the rows staged above
+        tx.delete("id = 100")
+    assert t.version == v + 2
+    assert t.count_rows() == 580 + 40 - 1
+    with pytest.raises(RuntimeError), t.transaction() as tx:
+        tx.append(cranfield.slice(700, 10))
+        raise RuntimeError("abort")
+    assert t.count_rows() == 619 and t.version == v + 2
+    assert [h["operation"] for h in t.versions()] == [
+        "create", "append", "append", "delete", "update", "transaction",
+    ]
+
+
+def test_bad_input_is_typed_and_writes_nothing(tmp_path: Path, cranfield: pa.Table) -> None:
+    uri = f"file://{tmp_path}"
+    db = superfile.connect(uri)
+    t = create_docs(db, "docs", cranfield.schema)
+    t.append(cranfield.slice(0, 10))
+    before = sorted(i.path for i in from_uri(uri).list(""))
+    good = cranfield.slice(0, 2)
+    emb = good.column("embedding").to_pylist()
+    cases = [
+        (SchemaMismatchError, good.drop_columns(["title"]).append_column("nope", pa.array([1, 2]))),
+        (SchemaMismatchError, good.set_column(0, "id", pa.array(["x", "y"]))),
+        (VectorDimensionError, good.set_column(5, "embedding", pa.array([v[:10] for v in emb]))),
+        (InvalidVectorError, good.set_column(5, "embedding", pa.array([[float("nan")] * 384, emb[1]]))),
+        (InvalidVectorError, good.set_column(5, "embedding", pa.array([[float("inf")] * 384, emb[1]]))),
+        (SchemaMismatchError, [{"id": 1, "bogus": 2}]),
+    ]
+    for error, data in cases:
+        with pytest.raises(error):
+            t.append(data)
+    with pytest.raises(InvalidPredicateError):
+        t.delete("id <<< 3")
+    with pytest.raises(UnknownColumnError):
+        t.delete("nope = 3")
+    for name in ["../x", "a/b", "", ".hidden", "x" * 200]:
+        with pytest.raises(InvalidTableNameError):
+            db.create_table(name, cranfield.schema)
+    with pytest.raises(TableExistsError):
+        db.create_table("docs", cranfield.schema)
+    with pytest.raises(TableNotFoundError):
+        db.open_table("missing")
+    assert sorted(i.path for i in from_uri(uri).list("")) == before
+    assert t.count_rows() == 10 and t.version == 2
+
+
+def test_table_catalog(storage_uri: str, cranfield: pa.Table) -> None:
+    db = superfile.connect(storage_uri)
+    assert db.table_names() == []
+    create_docs(db, "b", cranfield.schema)
+    t = create_docs(db, "a", cranfield.schema, max_rows_per_superfile=1000)
+    assert db.table_names() == ["a", "b"]
+    assert t.options.fts_columns == {"title": "english", "text": "english"}
+    assert t.options.vector_columns["embedding"].dim == 384
+    assert t.options.max_rows_per_superfile == 1000
+    assert t.schema.names[0] == "_id"
+    db.drop_table("b")
+    assert db.table_names() == ["a"]
+    with pytest.raises(TableNotFoundError):
+        db.drop_table("b")
+
+
+def _run_workers(uri: str, workers: int, appends: int, rows: int) -> list[str]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), "append", uri, "t", str(w), str(appends), str(rows)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(workers)
+    ]
+    acks = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        acks.extend(line for line in out.splitlines() if line.startswith("ack"))
+    return acks
+
+
+@pytest.mark.parametrize("backend", ["file", "s3"])
+def test_concurrent_appends_lose_nothing(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    if backend == "file":
+        uri = f"file://{tmp_path}"
+    else:
+        from urllib.parse import quote
+
+        endpoint = request.getfixturevalue("s3_endpoint")
+        uri = f"s3://{request.getfixturevalue('s3_bucket')}/c?endpoint_url={quote(endpoint, safe='')}"
+    db = superfile.connect(uri)
+    db.create_table("t", pa.schema([("worker", pa.int32()), ("seq", pa.int32()), ("text", pa.string())]),
+                    fts_columns=["text"])
+    acks = _run_workers(uri, workers=4, appends=25, rows=3)
+    assert len(acks) == 100
+    t = db.open_table("t")
+    rows = t.to_arrow()
+    assert rows.num_rows == 300
+    assert len(set(rows.column("_id").to_pylist())) == 300
+    pairs = {(w, s) for w, s in zip(rows.column("worker").to_pylist(), rows.column("seq").to_pylist(), strict=True)}
+    assert pairs == {(w, s) for w in range(4) for s in range(25)}
+    assert t.version == 101
+    assert sorted(int(a.split()[3]) for a in acks) == list(range(2, 102))
+
+
+def test_contention_beyond_retry_bound_raises(tmp_path: Path) -> None:
+    db = superfile.connect(f"file://{tmp_path}")
+    t = db.create_table("t", pa.schema([("x", pa.int64())]), commit_max_attempts=1)
+    other = db.open_table("t")
+    tx = t.transaction()
+    tx.append({"x": [1]})
+    other.append({"x": [2]})  # lands between the transaction's snapshot and its publish
+    with pytest.raises(ContentionError):
+        tx.commit()
+    assert sorted(db.open_table("t").to_arrow().column("x").to_pylist()) == [2]
+
+
+def test_sigkill_during_commits_leaves_a_committed_table(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}"
+    db = superfile.connect(uri)
+    db.create_table("t", pa.schema([("worker", pa.int32()), ("seq", pa.int32()), ("text", pa.string())]),
+                    fts_columns=["text"])
+    rng = random.Random(7)
+    acked: set[tuple[int, int]] = set()
+    for trial in range(20):
+        proc = subprocess.Popen(
+            [sys.executable, str(WORKER), "append", uri, "t", str(trial), "1000", "7"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        # wait for the process to be committing, then kill it at a random moment
+        first = proc.stdout.readline()
+        assert first.startswith("ack"), first
+        time.sleep(rng.uniform(0, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=30)
+        for line in [first, *rest.splitlines()]:
+            if line.startswith("ack"):
+                acked.add((trial, int(line.split()[2])))
+        t = superfile.connect(uri).open_table("t")
+        rows = t.to_arrow()
+        batches: dict[tuple[int, int], int] = {}
+        for w, s in zip(rows.column("worker").to_pylist(), rows.column("seq").to_pylist(), strict=True):
+            batches[(w, s)] = batches.get((w, s), 0) + 1
+        assert all(n == 7 for n in batches.values()), "a partial commit is visible"
+        assert acked <= set(batches), "an acknowledged commit was lost"
+        assert t.count_rows() == rows.num_rows == t.versions()[-1]["row_count"]
+
+
+def test_checksum_error_names_the_file(tmp_path: Path, cranfield: pa.Table) -> None:
+    uri = f"file://{tmp_path}"
+    t = create_docs(superfile.connect(uri), "docs", cranfield.schema)
+    t.append(cranfield.slice(0, 200))
+    (path,) = superfile_paths(t)
+    file = tmp_path / "docs" / path
+    data = bytearray(file.read_bytes())
+    rng = random.Random(3)
+    pos = rng.randrange(100, len(data) - 100)
+    data[pos] ^= 0xFF
+    file.write_bytes(bytes(data))
+    with pytest.raises(CorruptSuperfileError) as err:
+        superfile.connect(uri).open_table("docs").to_arrow(columns=["_id"])
+    assert path in str(err.value)
+    unverified = superfile.connect(uri, verify_checksums=False).open_table("docs")
+    assert unverified.stats()["row_count"] == 200
+    unverified._current().files.open(unverified._current().entries()[0])  # opens without verification
+
+
+def test_lazy_manifest_parts_are_not_all_read(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}"
+    db = superfile.connect(uri)
+    t = db.create_table("t", pa.schema([("x", pa.int64())]), manifest_part_max_entries=2, manifest_eager_max_parts=3)
+    for i in range(20):
+        t.append({"x": list(range(i * 10, i * 10 + 10))})
+    fresh = superfile.connect(uri).open_table("t")
+    stats = fresh.stats()
+    assert stats["manifest_parts"] == 10 and stats["superfile_count"] == 20
+    assert stats["manifest_parts_fetched"] == 0  # opening read the manifest list only
+    assert fresh.to_arrow(where="_id >= 190").column("x").to_pylist() == list(range(190, 200))
+    assert fresh.stats()["manifest_parts_fetched"] == 1  # part-level pruning on the _id range
+    assert fresh.count_rows("x < 1000") == 200
+    assert fresh.stats()["manifest_parts_fetched"] == 10
+    eager = db.create_table("e", pa.schema([("x", pa.int64())]), manifest_part_max_entries=2)
+    for i in range(6):
+        eager.append({"x": [i]})
+    assert superfile.connect(uri).open_table("e").stats()["manifest_parts_fetched"] == 3
