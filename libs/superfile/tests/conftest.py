@@ -8,7 +8,6 @@ server only starts if a test asks for it.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -20,8 +19,8 @@ import pytest
 if importlib.util.find_spec("superfile") is None:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import boto3  # noqa: E402
-from servers import start_moto, stop  # noqa: E402
+import boto3
+from servers import start_moto, stop
 
 _S3_ENV = {
     "AWS_ACCESS_KEY_ID": "test",

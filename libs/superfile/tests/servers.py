@@ -5,6 +5,7 @@ Nothing here mocks a client library; tests talk HTTP to real processes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -58,23 +59,22 @@ def start_moto(attempts: int = 3) -> tuple[subprocess.Popen[bytes], str]:
     for _ in range(attempts):
         port = free_port()
         endpoint = f"http://127.0.0.1:{port}"
-        log = tempfile.TemporaryFile()
-        proc = subprocess.Popen(
-            [binary, "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + _START_TIMEOUT
-        while time.monotonic() < deadline and proc.poll() is None:
-            if _answers(endpoint):
-                log.close()  # the child keeps its own handle
-                return proc, endpoint
-            time.sleep(0.05)
-        stop(proc)
-        log.seek(0)
-        log_tail = log.read()[-2000:].decode(errors="replace")
-        log.close()
+        # The server logs every request; the child keeps its own handle on this file.
+        with tempfile.TemporaryFile() as log:
+            proc = subprocess.Popen(
+                [binary, "-H", "127.0.0.1", "-p", str(port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+            deadline = time.monotonic() + _START_TIMEOUT
+            while time.monotonic() < deadline and proc.poll() is None:
+                if _answers(endpoint):
+                    return proc, endpoint
+                time.sleep(0.05)
+            stop(proc)
+            log.seek(0)
+            log_tail = log.read()[-2000:].decode(errors="replace")
     raise RuntimeError(f"moto_server did not start after {attempts} tries:\n{log_tail}")
 
 
@@ -140,10 +140,8 @@ class FaultyProxy:
         self._listener.close()
         with self._lock:
             for sock in self._open:
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def _accept_loop(self) -> None:
         while not self._closing.is_set():
@@ -180,10 +178,8 @@ class FaultyProxy:
                     self._pipe(upstream, client)
                 if fault is not None:  # close both ends so the other direction stops too
                     for sock in (client, upstream):
-                        try:
+                        with contextlib.suppress(OSError):
                             sock.shutdown(socket.SHUT_RDWR)
-                        except OSError:
-                            pass
                 back.join(timeout=30)
 
     def _count_fault(self) -> None:

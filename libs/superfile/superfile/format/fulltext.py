@@ -118,13 +118,12 @@ def build_fulltext(values: pa.Array | pa.ChunkedArray, tokenizer: str, *, work_d
         index = tantivy.Index(_schema(tokenizer), path=tmp)
         index.register_tokenizer(_analyzer_name(tokenizer), analyzer)
         writer = index.writer(heap_size=_WRITER_HEAP, num_threads=1)
+        dumps = json.dumps  # add_json measured a little faster than add_document (see docs/format.md)
         for row, value in enumerate(values.to_pylist()):
-            doc = tantivy.Document()
-            doc.add_unsigned(ROW_FIELD, row)
-            if value is not None:
-                doc.add_text(TEXT_FIELD, value)
-                doc.add_unsigned(HASH_FIELD, value_hash(value))
-            writer.add_document(doc)
+            if value is None:
+                writer.add_json(dumps({ROW_FIELD: row}))
+            else:
+                writer.add_json(dumps({ROW_FIELD: row, TEXT_FIELD: value, HASH_FIELD: value_hash(value)}))
         writer.commit()
         writer.wait_merging_threads()
         index.reload()

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from superfile.errors import InvalidInputError
+from superfile.errors import InvalidInputError, InvalidOptionError
 
 __all__ = ["ObjectInfo", "Storage", "from_uri"]
 
@@ -94,6 +94,18 @@ def check_range(offset: int, length: int) -> None:
         raise InvalidInputError(f"invalid byte range: offset={offset} length={length}")
 
 
+def bool_option(name: str, value: bool | str) -> bool:
+    """Read a boolean option that may arrive as a URI query string."""
+    if isinstance(value, bool):
+        return value
+    lowered = str(value).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise InvalidOptionError(f"option {name} must be a boolean, got {value!r}")
+
+
 def from_uri(uri: str, **options: object) -> Storage:
     """Open the backend a URI names: ``memory://name``, ``file:///dir``, ``s3://bucket/prefix``."""
     from urllib.parse import parse_qsl, urlsplit
@@ -114,6 +126,4 @@ def from_uri(uri: str, **options: object) -> Storage:
         from superfile.io.s3 import S3Storage
 
         return S3Storage(parts.netloc, parts.path.strip("/"), **opts)  # type: ignore[arg-type]
-    from superfile.errors import InvalidOptionError
-
     raise InvalidOptionError(f"unsupported storage URI scheme {parts.scheme!r} in {uri!r}")

@@ -19,13 +19,12 @@ import stat
 from collections.abc import Iterator
 
 from superfile.errors import (
-    InvalidOptionError,
     ObjectNotFoundError,
     PreconditionFailedError,
     ShortReadError,
     StorageError,
 )
-from superfile.io import ObjectInfo, check_key, check_prefix, check_range
+from superfile.io import ObjectInfo, bool_option, check_key, check_prefix, check_range
 
 __all__ = ["LocalStorage"]
 
@@ -49,24 +48,13 @@ def _sync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _as_bool(name: str, value: bool | str) -> bool:
-    if isinstance(value, bool):
-        return value
-    lowered = str(value).strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise InvalidOptionError(f"option {name} must be a boolean, got {value!r}")
-
-
 class LocalStorage:
     """Objects as files under ``root``; etags are the hex MD5 of the content."""
 
     def __init__(self, root: str, *, fsync: bool | str = True) -> None:
         """``fsync=False`` skips the durability syncs (scratch data, benchmarks on tmpfs)."""
         self._root = os.path.abspath(root)
-        self._fsync = _as_bool("fsync", fsync)
+        self._fsync = bool_option("fsync", fsync)
         try:
             os.makedirs(self._root, exist_ok=True)
         except OSError as err:

@@ -37,7 +37,7 @@ from superfile.errors import (
     ShortReadError,
     StorageError,
 )
-from superfile.io import ObjectInfo, check_key, check_prefix, check_range
+from superfile.io import ObjectInfo, bool_option, check_key, check_prefix, check_range
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -75,17 +75,6 @@ def _as_int(name: str, value: int | str, minimum: int) -> int:
     if number < minimum:
         raise InvalidOptionError(f"option {name} must be >= {minimum}, got {number}")
     return number
-
-
-def _as_bool(name: str, value: bool | str) -> bool:
-    if isinstance(value, bool):
-        return value
-    lowered = str(value).strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise InvalidOptionError(f"option {name} must be a boolean, got {value!r}")
 
 
 def _status(err: ClientError) -> int:
@@ -146,7 +135,7 @@ class S3Storage:
         # Non-secret options that locate the bucket travel in the URI, so from_uri(uri) reopens it.
         self._query = urlencode({k: v for k, v in (("endpoint_url", endpoint_url), ("region", region)) if v})
         self.uri = self._make_uri(prefix)
-        if _as_bool("create_bucket", create_bucket):
+        if bool_option("create_bucket", create_bucket):
             self._ensure_bucket(region)
 
     # -- helpers -----------------------------------------------------------

@@ -1,0 +1,184 @@
+"""Reading a superfile: checksums on open, Parquet columns by row offset, index blobs as zero-copy views."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import threading
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from superfile.errors import CorruptSuperfileError, UnknownColumnError
+from superfile.format.fulltext import FullTextIndex
+from superfile.format.layout import (
+    Section,
+    check_footer,
+    footer_bounds,
+    fts_section,
+    parse_directory,
+    vec_section,
+)
+from superfile.format.vector_index import VectorIndex
+
+__all__ = ["SuperfileReader", "DEFAULT_CACHE_DIR"]
+
+DEFAULT_CACHE_DIR = os.path.join(tempfile.gettempdir(), "superfile-cache")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class SuperfileReader:
+    """An opened, checked superfile. Thread-safe; indexes are opened once per reader and cached."""
+
+    def __init__(
+        self,
+        name: str,
+        buf: pa.Buffer,
+        metadata: pq.FileMetaData,
+        directory: dict[str, Any],
+        sections: dict[str, Section],
+        cache_dir: str,
+    ) -> None:
+        self.name = name
+        self._buf = buf
+        self._pq_meta = metadata
+        self.metadata = directory
+        self.sections = sections
+        self.num_rows: int = metadata.num_rows
+        self.footer_crc32 = sections["footer"].crc32
+        self.columns: list[str] = list(metadata.schema.to_arrow_schema().names)
+        self._cache_dir = cache_dir
+        counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+        self._rg_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        self._info = {str(e.get("column")): e for e in directory["sections"] if "column" in e}
+        self._lock = threading.Lock()
+        self._fulltext: dict[str, FullTextIndex] = {}
+        self._vector: dict[str, VectorIndex] = {}
+
+    @classmethod
+    def open(
+        cls,
+        source: str | os.PathLike[str] | bytes | bytearray | memoryview | pa.Buffer,
+        *,
+        name: str,
+        verify: bool = True,
+        cache_dir: str | None = None,
+        expected_footer_crc32: int | None = None,
+    ) -> SuperfileReader:
+        """Open a local path (memory-mapped) or the whole file in memory; ``name`` appears in errors.
+
+        Structure (magic numbers, footer, section directory) is always checked
+        and so is the footer's CRC-32 (it covers every offset we trust, and is
+        small). ``verify`` additionally checks the CRC-32 of the data region
+        and every blob: a flipped byte anywhere then raises
+        :class:`CorruptSuperfileError`. ``expected_footer_crc32`` (from the
+        manifest) is compared with the footer bytes when given.
+        """
+        if isinstance(source, str | os.PathLike):
+            buf = pa.memory_map(os.fspath(source), "r").read_buffer()
+        elif isinstance(source, pa.Buffer):
+            buf = source
+        else:
+            buf = pa.py_buffer(source)
+        view = memoryview(buf)
+        footer_start = footer_bounds(view, name)
+        footer_crc = check_footer(view, footer_start, name, verify=verify)
+        if expected_footer_crc32 is not None and footer_crc != expected_footer_crc32:
+            raise CorruptSuperfileError(
+                name, f"footer crc32 {footer_crc:08x} != {expected_footer_crc32:08x} recorded in the manifest"
+            )
+        try:
+            metadata = pq.read_metadata(pa.BufferReader(buf))
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise CorruptSuperfileError(name, f"Parquet footer does not parse: {e}") from None
+        num_rows, directory, sections = parse_directory(metadata.metadata, footer_start, name)
+        if num_rows != metadata.num_rows:
+            raise CorruptSuperfileError(name, f"directory says {num_rows} rows, Parquet footer {metadata.num_rows}")
+        if verify:
+            for s in sections.values():
+                actual = zlib.crc32(view[s.offset : s.offset + s.length])
+                if actual != s.crc32:
+                    raise CorruptSuperfileError(name, f"section {s.name!r} crc32 {actual:08x} != recorded {s.crc32:08x}")
+        sections["footer"] = Section("footer", "footer", footer_start, len(view) - footer_start, footer_crc)
+        return cls(name, buf, metadata, directory, sections, cache_dir or DEFAULT_CACHE_DIR)
+
+    def blob(self, section: str) -> memoryview:
+        """Zero-copy view of one section's bytes."""
+        s = self.sections[section]
+        return memoryview(self._buf)[s.offset : s.offset + s.length]
+
+    def read(self, columns: Sequence[str] | None = None, rows: np.ndarray | None = None) -> pa.Table:
+        """Parquet columns (default: all), optionally only the given row offsets in the given order.
+
+        Only row groups holding a requested row are decoded.
+        """
+        cols = list(self.columns if columns is None else columns)
+        for c in cols:
+            if c not in self.columns:
+                raise UnknownColumnError(f"{self.name}: no Parquet column {c!r}")
+        pf = pq.ParquetFile(pa.BufferReader(self._buf), metadata=self._pq_meta)
+        if rows is None:
+            return pf.read(columns=cols)
+        offsets = np.asarray(rows)
+        if offsets.ndim != 1 or (offsets.size and not np.issubdtype(offsets.dtype, np.integer)):
+            raise TypeError(f"rows must be a 1-d array of integer row offsets, got {offsets.dtype}{offsets.shape}")
+        offsets = offsets.astype(np.int64, copy=False)
+        if offsets.size == 0:
+            return pf.schema_arrow.empty_table().select(cols)
+        if offsets.min() < 0 or offsets.max() >= self.num_rows:
+            raise IndexError(f"{self.name}: row offsets must be in [0, {self.num_rows})")
+        group = np.searchsorted(self._rg_starts, offsets, side="right") - 1
+        needed = np.unique(group)
+        sizes = np.diff(self._rg_starts)[needed]
+        base = np.zeros(len(self._rg_starts) - 1, np.int64)
+        base[needed] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        table = pf.read_row_groups(needed.tolist(), columns=cols)
+        return table.take(pa.array(base[group] + offsets - self._rg_starts[group]))
+
+    def fulltext(self, column: str) -> FullTextIndex:
+        """The column's full-text index, extracted on first use to ``cache_dir/<name>-<footer crc32>/<column>``
+        (the footer checksum identifies the file's content) and reused by later readers and processes."""
+        with self._lock:
+            index = self._fulltext.get(column)
+            if index is None:
+                section = self._section(column, fts_section(column))
+                path = os.path.join(
+                    self._cache_dir, f"{_safe(self.name)}-{self.footer_crc32:08x}", _safe(column) or "_"
+                )
+                tokenizer = str(self._info[column]["tokenizer"])
+                index = FullTextIndex.from_blob(self.blob(section.name), path, tokenizer, source=self.name)
+                self._fulltext[column] = index
+            return index
+
+    def vector_index(self, column: str) -> VectorIndex:
+        """The column's vector index over a zero-copy view of its blob."""
+        with self._lock:
+            index = self._vector.get(column)
+            if index is None:
+                section = self._section(column, vec_section(column))
+                index = VectorIndex.from_buffer(self.blob(section.name))
+                self._vector[column] = index
+            return index
+
+    def vectors(self, column: str, rows: np.ndarray | None = None) -> pa.FixedSizeListArray:
+        """Vectors of a vector column (all, or the given row offsets in order), decoded from its blob."""
+        index = self.vector_index(column)
+        dim = int(self._info[column]["dim"])
+        offsets = np.arange(index.num_rows) if rows is None else rows
+        values = np.ascontiguousarray(index.vectors(offsets), np.float32).reshape(-1)
+        return pa.FixedSizeListArray.from_arrays(pa.array(values, pa.float32()), dim)
+
+    def _section(self, column: str, section: str) -> Section:
+        if section not in self.sections:
+            raise UnknownColumnError(f"{self.name}: column {column!r} has no {section.split('/')[0]} index")
+        return self.sections[section]
+
+
+def _safe(name: str) -> str:
+    """A single, safe path component derived from ``name`` (the CRC in the directory name disambiguates)."""
+    return _UNSAFE.sub("_", name).strip("._")[-120:]

@@ -1,0 +1,196 @@
+"""Building a superfile in one pass: Parquet data, then the index blobs, then the footer.
+
+pyarrow's ``ParquetWriter`` writes column chunks to the sink as row groups
+close and the footer only on ``close()``. In between we append the blobs to
+the same sink and add the section directory as key/value metadata, so every
+offset and checksum is known before the footer is written. The footer's own
+checksum is patched in afterwards over a fixed-width placeholder.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from superfile.errors import (
+    InvalidOptionError,
+    InvalidVectorError,
+    SchemaMismatchError,
+    UnknownColumnError,
+    VectorDimensionError,
+)
+from superfile.format.fulltext import INDEX_OPTION, TOKENIZERS, FullTextBlob, build_fulltext
+from superfile.format.layout import (
+    CRC_PLACEHOLDER,
+    FORMAT,
+    KEY_FOOTER_CRC,
+    KEY_FORMAT,
+    KEY_SECTIONS,
+    KEY_VERSION,
+    VERSION,
+    BuiltSuperfile,
+    Section,
+    SuperfileSpec,
+    VectorColumnSpec,
+    crc_value_offset,
+    footer_bounds,
+    footer_self_crc,
+    fts_section,
+    vec_section,
+)
+from superfile.format.vector_index import build_vector_index
+
+__all__ = ["build_superfile", "ID_COLUMN"]
+
+ID_COLUMN = "_id"
+
+
+def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None = None) -> BuiltSuperfile:
+    """Write ``data`` as one superfile: Parquet (``_id`` first, vector columns left out) plus one tantivy
+    blob per full-text column and one vector blob per vector column. Row offset i is document i in every
+    index. Thread-safe: builds share no state (``work_dir`` holds temporary index directories).
+    """
+    _validate(data, spec)
+    blobs: list[tuple[dict[str, object], bytes]] = []
+    terms: dict[str, list[str]] = {}
+    for column, tokenizer in spec.fts_columns.items():
+        fts: FullTextBlob = build_fulltext(data.column(column), tokenizer, work_dir=work_dir)
+        terms[column] = fts.terms
+        info = {
+            "name": fts_section(column),
+            "kind": "tantivy",
+            "column": column,
+            "tokenizer": tokenizer,
+            "index_option": INDEX_OPTION,
+            "num_docs": fts.num_docs,
+            "avg_len": fts.avg_len,
+        }
+        blobs.append((info, fts.blob))
+    for column, vspec in spec.vector_columns.items():
+        blobs.append(_vector_blob(data.column(column), column, vspec))
+
+    parquet_columns = [ID_COLUMN] + [
+        c for c in data.column_names if c != ID_COLUMN and c not in spec.vector_columns
+    ]
+    table = data.select(parquet_columns)
+    meta = {k: v for k, v in (table.schema.metadata or {}).items() if not k.startswith(b"superfile.")}
+    table = table.replace_schema_metadata(meta or None)
+
+    sink = io.BytesIO()
+    writer = pq.ParquetWriter(sink, table.schema, compression=spec.compression)
+    try:
+        writer.write_table(table, row_group_size=spec.row_group_size)
+        data_end = sink.tell()
+        with sink.getbuffer() as view:
+            data_crc = zlib.crc32(view[:data_end])
+        sections = [Section("data", "parquet", 0, data_end, data_crc)]
+        entries: list[dict[str, object]] = [_entry(sections[0], {})]
+        offset = data_end
+        for info, blob in blobs:
+            s = Section(str(info["name"]), str(info["kind"]), offset, len(blob), zlib.crc32(blob))
+            sink.write(blob)
+            sections.append(s)
+            entries.append(_entry(s, info))
+            offset += len(blob)
+        directory = {
+            "num_rows": data.num_rows,
+            "data_end": data_end,
+            "blob_region_length": offset - data_end,
+            "sections": entries,
+        }
+        writer.add_key_value_metadata(
+            {
+                KEY_FORMAT: FORMAT,
+                KEY_VERSION: str(VERSION),
+                KEY_SECTIONS: json.dumps(directory, separators=(",", ":")),
+                KEY_FOOTER_CRC: CRC_PLACEHOLDER.decode(),
+            }
+        )
+    finally:
+        writer.close()
+
+    with sink.getbuffer() as view:
+        footer_start = footer_bounds(view, "<being built>")
+        if footer_start != offset:
+            raise RuntimeError(f"pyarrow wrote the footer at {footer_start}, expected {offset}")
+        footer = view[footer_start:]
+        at = crc_value_offset(footer)
+        footer[at : at + len(CRC_PLACEHOLDER)] = b"%08x" % footer_self_crc(footer, at)
+        footer_crc = zlib.crc32(footer)
+        del footer
+    out = sink.getvalue()
+    by_name = {s.name: s for s in sections}
+    by_name["footer"] = Section("footer", "footer", footer_start, len(out) - footer_start, footer_crc)
+    return BuiltSuperfile(out, by_name, data.num_rows, terms, footer_crc, directory)
+
+
+def _entry(section: Section, info: dict[str, object]) -> dict[str, object]:
+    return {
+        **info,
+        "name": section.name,
+        "kind": section.kind,
+        "offset": section.offset,
+        "length": section.length,
+        "crc32": section.crc32,
+    }
+
+
+def _vector_blob(
+    column: pa.ChunkedArray, name: str, vspec: VectorColumnSpec
+) -> tuple[dict[str, object], bytes]:
+    """The vector index blob of one column (non-null, ``dim`` floats each; values are checked by the index)."""
+    arr = column.combine_chunks()
+    if not pa.types.is_fixed_size_list(arr.type) or not pa.types.is_floating(arr.type.value_type):
+        raise SchemaMismatchError(f"vector column {name!r} must be fixed_size_list<float>, got {arr.type}")
+    if arr.type.list_size != vspec.dim:
+        raise VectorDimensionError(f"vector column {name!r} has dimension {arr.type.list_size}, expected {vspec.dim}")
+    if arr.null_count:
+        raise InvalidVectorError(f"vector column {name!r} has {arr.null_count} null vectors")
+    flat = arr.flatten()
+    if flat.null_count:
+        raise InvalidVectorError(f"vector column {name!r} has null components")
+    vectors = np.asarray(flat.to_numpy(zero_copy_only=False), np.float32).reshape(len(arr), vspec.dim)
+    params = vspec.params
+    info: dict[str, object] = {
+        "name": vec_section(name),
+        "kind": "vector",
+        "column": name,
+        "dim": vspec.dim,
+        "metric": vspec.metric,
+        "params": asdict(params) if params is not None else None,
+    }
+    return info, build_vector_index(vectors, vspec.metric, params)
+
+
+def _validate(data: pa.Table, spec: SuperfileSpec) -> None:
+    names = set(data.column_names)
+    if ID_COLUMN not in names:
+        raise SchemaMismatchError(f"data lacks the {ID_COLUMN!r} column")
+    if not pa.types.is_uint64(data.schema.field(ID_COLUMN).type):
+        raise SchemaMismatchError(f"{ID_COLUMN!r} must be uint64, got {data.schema.field(ID_COLUMN).type}")
+    if len(names) != len(data.column_names):
+        raise SchemaMismatchError("data has duplicate column names")
+    indexed: Sequence[str] = [*spec.fts_columns, *spec.vector_columns]
+    for c in indexed:
+        if c not in names:
+            raise UnknownColumnError(f"indexed column {c!r} is not in the data")
+        if c == ID_COLUMN:
+            raise InvalidOptionError(f"{ID_COLUMN!r} cannot be indexed")
+    overlap = set(spec.fts_columns) & set(spec.vector_columns)
+    if overlap:
+        raise InvalidOptionError(f"columns {sorted(overlap)} cannot be both full-text and vector columns")
+    for c, tokenizer in spec.fts_columns.items():
+        if tokenizer not in TOKENIZERS:
+            raise InvalidOptionError(f"tokenizer of {c!r} must be one of {TOKENIZERS}, got {tokenizer!r}")
+        t = data.schema.field(c).type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)):
+            raise SchemaMismatchError(f"full-text column {c!r} must be a string column, got {t}")
+    if spec.row_group_size < 1:
+        raise InvalidOptionError(f"row_group_size must be >= 1, got {spec.row_group_size}")
