@@ -155,9 +155,12 @@ class Connection:
         try:
             store.create_pointer(Pointer(1, path, table_uuid))
         except PreconditionFailedError:
-            if exist_ok:
+            if store.read_pointer()[0].manifest == path:
+                pass  # our create won; only its response was lost and the retry saw our own object
+            elif exist_ok:
                 return self.open_table(name)
-            raise TableExistsError(f"table {name!r} already exists") from None
+            else:
+                raise TableExistsError(f"table {name!r} already exists") from None
         table = Supertable(name, files, Snapshot(files, path, manifest))
         if data is not None:
             table.append(data)

@@ -72,7 +72,8 @@ def test_cranfield_in_several_commits(storage_uri: str, cranfield: pa.Table, tmp
     assert t.count_rows() == cranfield.num_rows
     got = t.to_arrow().sort_by("_id")
     assert got.column("_id").to_pylist() == list(range(cranfield.num_rows))
-    assert got.drop_columns(["_id"]).equals(cranfield)
+    user = got.drop_columns(["_id"])
+    assert user.equals(cranfield.cast(user.schema))
 
     # each superfile read directly by pyarrow and DuckDB gives the table's rows (vectors live in the blob)
     direct = []
@@ -179,7 +180,7 @@ def test_bad_input_is_typed_and_writes_nothing(tmp_path: Path, cranfield: pa.Tab
         with pytest.raises(InvalidTableNameError):
             db.create_table(name, cranfield.schema)
     with pytest.raises(TableExistsError):
-        db.create_table("docs", cranfield.schema)
+        create_docs(db, "docs", cranfield.schema)
     with pytest.raises(TableNotFoundError):
         db.open_table("missing")
     assert sorted(i.path for i in from_uri(uri).list("")) == before

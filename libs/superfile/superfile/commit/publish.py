@@ -9,7 +9,6 @@ up to ``max_attempts`` times.
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -124,8 +123,8 @@ def apply_change(current: ManifestList, current_path: str, change: Change, store
                 parts[open_idx] = _part(store, current, partition, store.load_part(ref, current.schema) + new)
                 continue
             parts[open_idx] = replace(ref, sealed=True)
-        for chunk in itertools.batched(new, cap):
-            parts.append(_part(store, current, partition, list(chunk)))
+        for start in range(0, len(new), cap):
+            parts.append(_part(store, current, partition, new[start : start + cap]))
 
     manifest_path = store.new_list_path(version)
     rows = sum(p.live_rows for p in parts)
@@ -164,6 +163,10 @@ def publish(
             store.swap_pointer(Pointer(ml.version, path, ml.table_uuid), etag)
             return path, ml
         except PreconditionFailedError:
+            # A retried conditional put whose first response was lost reports 412 although it won:
+            # the pointer then names our own manifest, and re-applying would commit twice.
+            if store.read_pointer()[0].manifest == path:
+                return path, ml
             backoff(attempt)
     raise ContentionError(
         f"commit lost the publish race {max_attempts} times; too many concurrent writers on this table"

@@ -136,18 +136,15 @@ def parse(where: str, schema: pa.Schema) -> Node:
         if any(t.token_type == TokenType.SEMICOLON for t in tokens):
             raise InvalidPredicateError("';' is not allowed: a predicate is one expression, not statements")
         trees = sqlglot.parse(where, dialect=_DIALECT)
+        if len(trees) != 1 or trees[0] is None:
+            raise InvalidPredicateError(f"cannot parse predicate {where!r}: expected exactly one expression")
+        root = _Converter(schema).convert(trees[0])
     except (ParseError, TokenError) as e:
         raise InvalidPredicateError(f"cannot parse predicate {where!r}: {_parse_error_text(e)}") from None
-    if len(trees) != 1 or trees[0] is None:
-        raise InvalidPredicateError(f"cannot parse predicate {where!r}: expected exactly one expression")
-    try:
-        root = _Converter(schema).convert(trees[0])
     except RecursionError:
         raise InvalidPredicateError("the predicate is nested too deeply") from None
     if root.kind not in (Kind.BOOL, Kind.NULL):
-        raise InvalidPredicateError(
-            f"a predicate must be a boolean expression, but {to_sql(root)} is {_type_name(root)}"
-        )
+        raise InvalidPredicateError(f"a predicate must be a boolean expression, got {_typed(root)}")
     return root
 
 
@@ -171,13 +168,20 @@ def _describe(node: Node) -> str:
 
 def _type_name(node: Node) -> str:
     if isinstance(node, Literal):
-        return f"a {node.kind.value} literal" if node.value is not None else "NULL"
-    return f"of type {node.dtype}"
+        return "NULL" if node.value is None else f"{node.kind.value} literal"
+    return str(node.dtype)
+
+
+def _typed(node: Node) -> str:
+    return f"{_describe(node)} ({_type_name(node)})"
 
 
 def _clash(what: str, *nodes: Node) -> InvalidPredicateError:
-    parts = " and ".join(f"{_describe(n)} ({_type_name(n)})" for n in nodes)
-    return InvalidPredicateError(f"{what}: {parts}")
+    return InvalidPredicateError(f"{what}, got {' and '.join(_typed(n) for n in nodes)}")
+
+
+def _compare_clash(left: Node, right: Node) -> InvalidPredicateError:
+    return InvalidPredicateError(f"cannot compare {_typed(left)} with {_typed(right)}")
 
 
 # --------------------------------------------------------------------------- domains
@@ -314,7 +318,7 @@ def _parse_temporal(value: str, subject: Node) -> dt.datetime:
         return dt.datetime.fromisoformat(value.strip())
     except ValueError:
         raise InvalidPredicateError(
-            f"cannot compare {_describe(subject)} (of type {subject.dtype}) with {literal_sql(value)}: "
+            f"cannot compare {_typed(subject)} with {literal_sql(value)}: "
             "the string is not an ISO date or timestamp"
         ) from None
 
@@ -524,7 +528,11 @@ def _cast_literal(value: LiteralValue, to: exp.DataType) -> LiteralValue:
                 raise InvalidPredicateError(fail)
             stamp = _naive_utc(stamp)
             return stamp.replace(tzinfo=_UTC) if target in _TIMESTAMPTZ_CASTS else stamp
-    except (ValueError, ArithmeticError) as e:  # malformed strings, NaN to integer, ...
+    except InvalidPredicateError:
+        raise
+    except InvalidOperation:
+        raise InvalidPredicateError(f"{fail}: not a number") from None
+    except (ValueError, ArithmeticError) as e:  # malformed dates, NaN to integer, ...
         raise InvalidPredicateError(f"{fail}: {e}") from None
     raise InvalidPredicateError(f"CAST to {name} is not supported in predicates")
 
@@ -644,6 +652,10 @@ class _Converter:
                 f"unexpected {e.alias!r} after {e.this.sql(dialect='duckdb')}: "
                 "a predicate is a single boolean expression"
             )
+        if isinstance(e, exp.Case):
+            return InvalidPredicateError(f"CASE expressions are not supported in predicates: {text}")
+        if isinstance(e, exp.Array):
+            return InvalidPredicateError(f"array values are not supported in predicates: {text}")
         if isinstance(e, exp.TryCast):
             return InvalidPredicateError(f"TRY_CAST is not supported; use CAST on a literal: {text}")
         if isinstance(e, exp.Anonymous | exp.Func):
@@ -793,7 +805,7 @@ class _Converter:
 
     def _compare(self, op: str, left: Node, right: Node) -> Compare:
         if not _comparable(left, right):
-            raise _clash("cannot compare", left, right)
+            raise _compare_clash(left, right)
         plan: ConstPlan | ScalarPlan | BinaryPlan
         if Kind.NULL in (left.kind, right.kind):
             plan = ConstPlan(None, None)
@@ -836,7 +848,7 @@ class _Converter:
             if not isinstance(value, Literal):
                 raise InvalidPredicateError(f"IN list values must be literals, got {_describe(value)}")
             if not _comparable(operand, value):
-                raise _clash("cannot compare", operand, value)
+                raise _compare_clash(operand, value)
             values.append(value)
         return InList(operand, tuple(values), self._in_plan(operand, values))
 

@@ -18,13 +18,13 @@ from superfile.format.writer import build_superfile
 
 __all__ = [
     "FORMAT",
-    "VERSION",
     "TOKENIZERS",
+    "VERSION",
+    "BuiltSuperfile",
+    "FullTextIndex",
     "Section",
+    "SuperfileReader",
     "SuperfileSpec",
     "VectorColumnSpec",
-    "BuiltSuperfile",
     "build_superfile",
-    "SuperfileReader",
-    "FullTextIndex",
 ]

@@ -19,6 +19,8 @@ Null values add a document with ``_row`` only: no terms, no hash.
 
 from __future__ import annotations
 
+import array
+import contextlib
 import hashlib
 import json
 import math
@@ -29,6 +31,7 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -39,8 +42,8 @@ from superfile.errors import CorruptSuperfileError, InvalidOptionError
 
 __all__ = [
     "TOKENIZERS",
-    "FullTextIndex",
     "FullTextBlob",
+    "FullTextIndex",
     "build_fulltext",
     "make_analyzer",
     "value_hash",
@@ -95,7 +98,9 @@ def _analyzer_name(tokenizer: str) -> str:
 def _schema(tokenizer: str) -> tantivy.Schema:
     sb = tantivy.SchemaBuilder()
     sb.add_unsigned_field(ROW_FIELD, indexed=True, fast=True)
-    sb.add_text_field(TEXT_FIELD, stored=False, tokenizer_name=_analyzer_name(tokenizer), index_option=INDEX_OPTION)
+    sb.add_text_field(
+        TEXT_FIELD, stored=False, tokenizer_name=_analyzer_name(tokenizer), index_option=INDEX_OPTION
+    )
     sb.add_unsigned_field(HASH_FIELD, indexed=True)
     return sb.build()
 
@@ -110,7 +115,9 @@ class FullTextBlob:
     avg_len: float
 
 
-def build_fulltext(values: pa.Array | pa.ChunkedArray, tokenizer: str, *, work_dir: str | None = None) -> FullTextBlob:
+def build_fulltext(
+    values: pa.Array | pa.ChunkedArray, tokenizer: str, *, work_dir: str | None = None
+) -> FullTextBlob:
     """Index one text column; document i is row offset i. Uses one writer thread and one commit."""
     analyzer = make_analyzer(tokenizer)
     tmp = tempfile.mkdtemp(prefix="sf-fts-", dir=work_dir)
@@ -167,7 +174,9 @@ def _unpack_directory(blob: memoryview) -> list[tuple[str, int, int]]:
         if pos + _PACK_ENTRY.size > len(blob):
             raise ValueError("full-text blob directory is truncated")
         name_len, size = _PACK_ENTRY.unpack_from(blob, pos)
-        name = bytes(blob[pos + _PACK_ENTRY.size : pos + _PACK_ENTRY.size + name_len]).decode("utf-8", "replace")
+        name = bytes(blob[pos + _PACK_ENTRY.size : pos + _PACK_ENTRY.size + name_len]).decode(
+            "utf-8", "replace"
+        )
         pos += _PACK_ENTRY.size + name_len
         if not name or "/" in name or "\\" in name or name.startswith("."):
             raise ValueError(f"full-text blob names an unsafe file {name!r}")
@@ -182,7 +191,13 @@ def _unpack_directory(blob: memoryview) -> list[tuple[str, int, int]]:
 
 
 def _extract(blob: memoryview, path: str, source: str) -> None:
-    """Extract ``blob`` to ``path`` unless a complete extraction is already there (atomic via rename)."""
+    """Extract ``blob`` to ``path`` unless a complete extraction is already there.
+
+    Files are written to a temporary sibling directory that is renamed into
+    place, so nobody ever opens half an index. An incomplete directory at
+    ``path`` (left by a crash before the data reached the disk) is moved aside
+    and replaced; a complete one is never touched.
+    """
     try:
         files = _unpack_directory(blob)
     except ValueError as e:
@@ -196,17 +211,15 @@ def _extract(blob: memoryview, path: str, source: str) -> None:
         for name, start, size in files:
             with open(os.path.join(tmp, name), "wb") as fh:
                 fh.write(blob[start : start + size])
-        if os.path.isdir(path):  # an incomplete extraction (e.g. a crash before the data hit disk): replace it
+        if os.path.isdir(path) and not _complete(path, files):
             stale = tempfile.mkdtemp(prefix=".stale-", dir=parent)
-            try:
-                os.rename(path, os.path.join(stale, "x"))
-            except OSError:
-                pass  # someone else moved it first
+            with contextlib.suppress(OSError):  # another extractor may have moved it first
+                os.rename(path, os.path.join(stale, "index"))
             shutil.rmtree(stale, ignore_errors=True)
         try:
             os.rename(tmp, path)
         except OSError:
-            if not _complete(path, files):  # lost the race to a complete extraction: fine; else a real error
+            if not _complete(path, files):  # losing the race to a complete extraction is fine
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -271,7 +284,7 @@ class FullTextIndex:
 
     @property
     def total_tokens(self) -> int:
-        """Sum of analysed lengths over all rows (derived from :attr:`avg_len`, exact up to float32 rounding)."""
+        """Sum of analysed lengths over all rows (from :attr:`avg_len`; exact up to float32 rounding)."""
         return round(self.avg_len * self.num_docs)
 
     def _read_avg_len(self) -> float:
@@ -329,7 +342,10 @@ class FullTextIndex:
             members = [r for r in allow.to_array().tolist() if r < self.num_docs]
             member_query = tantivy.Query.term_set_query(self.index.schema, ROW_FIELD, members)
             filtered = tantivy.Query.boolean_query(
-                [(tantivy.Occur.Must, query), (tantivy.Occur.Must, tantivy.Query.const_score_query(member_query, 0.0))]
+                [
+                    (tantivy.Occur.Must, query),
+                    (tantivy.Occur.Must, tantivy.Query.const_score_query(member_query, 0.0)),
+                ]
             )
             return self._top(filtered, k)
         limit = k * max(2, math.ceil(2 * self.num_docs / n_allow))
@@ -385,7 +401,9 @@ class FullTextIndex:
         return tantivy.Query.boolean_query(clauses)
 
     def _top(self, query: tantivy.Query, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        hits = self.searcher.search(query, limit, count=False).hits
+        """The first ``limit`` hits (tantivy preallocates for ``limit``, so it is capped at num_docs)."""
+        limit = min(limit, self.num_docs)
+        hits = self.searcher.search(query, limit, count=False).hits if limit > 0 else []
         if not hits:
             return np.empty(0, np.int64), np.empty(0, np.float32)
         rows = self.searcher.fast_field_values(ROW_FIELD, [a for _, a in hits])
@@ -394,7 +412,8 @@ class FullTextIndex:
     def _all_rows(self, query: tantivy.Query, bound: int) -> pyroaring.BitMap:
         """Row offsets of every hit of ``query``, which has at most ``bound`` hits."""
         hits = self.searcher.search(query, bound, count=False).hits
-        return pyroaring.BitMap(self.searcher.fast_field_values(ROW_FIELD, [a for _, a in hits]))
+        rows = self.searcher.fast_field_values(ROW_FIELD, [a for _, a in hits])
+        return pyroaring.BitMap(array.array("I", cast(list[int], rows)))
 
 
 def _mode(mode: str) -> bool:

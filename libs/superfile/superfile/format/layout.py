@@ -24,23 +24,23 @@ from superfile.errors import CorruptSuperfileError
 from superfile.format.vector_index import VectorIndexParams
 
 __all__ = [
-    "FORMAT",
-    "VERSION",
-    "Section",
-    "VectorColumnSpec",
-    "SuperfileSpec",
-    "BuiltSuperfile",
-    "KEY_FORMAT",
-    "KEY_VERSION",
-    "KEY_SECTIONS",
-    "KEY_FOOTER_CRC",
     "CRC_PLACEHOLDER",
-    "footer_bounds",
+    "FORMAT",
+    "KEY_FOOTER_CRC",
+    "KEY_FORMAT",
+    "KEY_SECTIONS",
+    "KEY_VERSION",
+    "VERSION",
+    "BuiltSuperfile",
+    "Section",
+    "SuperfileSpec",
+    "VectorColumnSpec",
     "check_footer",
-    "parse_directory",
-    "footer_self_crc",
     "crc_value_offset",
+    "footer_bounds",
+    "footer_self_crc",
     "fts_section",
+    "parse_directory",
     "vec_section",
 ]
 
@@ -94,7 +94,8 @@ class SuperfileSpec:
     fts_columns: Mapping[str, str] = field(default_factory=dict)  # column -> tokenizer
     vector_columns: Mapping[str, VectorColumnSpec] = field(default_factory=dict)
     compression: str = "zstd"
-    row_group_size: int = 16384  # random row reads decode whole row groups: 65536 made them ~10x slower
+    row_group_size: int = 65536  # at most this many rows per row group ...
+    row_group_bytes: int = 4 << 20  # ... and about this much Arrow data (reading one row decodes its group)
 
 
 @dataclass
@@ -122,21 +123,24 @@ def footer_self_crc(footer: bytes | memoryview, value_at: int) -> int:
     return zlib.crc32(footer[value_at + len(CRC_PLACEHOLDER) :], crc)
 
 
-def check_footer(buf: memoryview, footer_start: int, name: str, *, verify: bool) -> int:
-    """Find the footer's checksum entry (in the raw bytes, before any parser sees them) and, when
-    ``verify``, check it. Returns the plain CRC-32 of the footer region."""
+def check_footer(buf: memoryview, footer_start: int, name: str) -> int:
+    """Check the footer's own checksum, found in the raw bytes before any parser sees them.
+
+    Returns the plain CRC-32 of the footer region (the "footer" section's checksum).
+    """
     footer = buf[footer_start:]
     at = crc_value_offset(footer)
     if at < 0:
-        raise CorruptSuperfileError(name, f"footer lacks its {KEY_FOOTER_CRC} entry: damaged, or not a superfile")
-    if verify:
-        try:
-            expected = int(bytes(footer[at : at + len(CRC_PLACEHOLDER)]), 16)
-        except ValueError:
-            raise CorruptSuperfileError(name, "footer checksum entry is not hexadecimal") from None
-        actual = footer_self_crc(footer, at)
-        if actual != expected:
-            raise CorruptSuperfileError(name, f"footer crc32 {actual:08x} != recorded {expected:08x}")
+        raise CorruptSuperfileError(
+            name, f"footer lacks its {KEY_FOOTER_CRC} entry: damaged or not a superfile"
+        )
+    try:
+        expected = int(bytes(footer[at : at + len(CRC_PLACEHOLDER)]), 16)
+    except ValueError:
+        raise CorruptSuperfileError(name, "footer checksum entry is not hexadecimal") from None
+    actual = footer_self_crc(footer, at)
+    if actual != expected:
+        raise CorruptSuperfileError(name, f"footer crc32 {actual:08x} != recorded {expected:08x}")
     return zlib.crc32(footer)
 
 
@@ -153,7 +157,9 @@ def parse_directory(
         raise corrupt(f"footer lacks {KEY_FORMAT}={FORMAT!r}: not a superfile")
     version = kv.get(KEY_VERSION.encode(), b"")
     if version != str(VERSION).encode():
-        raise corrupt(f"unsupported {KEY_VERSION} {version.decode(errors='replace')!r} (this reader: {VERSION})")
+        raise corrupt(
+            f"unsupported {KEY_VERSION} {version.decode(errors='replace')!r} (this reader: {VERSION})"
+        )
     try:
         directory = json.loads(kv[KEY_SECTIONS.encode()])
         num_rows = _nonneg(directory["num_rows"])
@@ -161,18 +167,28 @@ def parse_directory(
         blob_len = _nonneg(directory["blob_region_length"])
         sections: dict[str, Section] = {}
         for e in directory["sections"]:
-            s = Section(str(e["name"]), str(e["kind"]), _nonneg(e["offset"]), _nonneg(e["length"]), _nonneg(e["crc32"]))
+            s = Section(
+                str(e["name"]),
+                str(e["kind"]),
+                _nonneg(e["offset"]),
+                _nonneg(e["length"]),
+                _nonneg(e["crc32"]),
+            )
             if s.name in sections or s.name == "footer":
                 raise ValueError(f"duplicate or reserved section name {s.name!r}")
             sections[s.name] = s
     except (KeyError, TypeError, ValueError) as e:
         raise corrupt(f"bad section directory: {e!r}") from None
     if data_end + blob_len != footer_start:
-        raise corrupt(f"directory puts the footer at {data_end + blob_len}, the file has it at {footer_start}")
+        raise corrupt(
+            f"directory puts the footer at {data_end + blob_len}, the file has it at {footer_start}"
+        )
     expect = 0
     for s in sections.values():
         if s.offset != expect:
-            raise corrupt(f"section {s.name!r} at {s.offset}, expected {expect} (sections must be contiguous)")
+            raise corrupt(
+                f"section {s.name!r} at {s.offset}, expected {expect} (sections must be contiguous)"
+            )
         expect += s.length
     data = sections.get("data")
     if data is None or data.offset != 0 or data.length != data_end or expect != footer_start:

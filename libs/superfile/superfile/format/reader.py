@@ -26,7 +26,7 @@ from superfile.format.layout import (
 )
 from superfile.format.vector_index import VectorIndex
 
-__all__ = ["SuperfileReader", "DEFAULT_CACHE_DIR"]
+__all__ = ["DEFAULT_CACHE_DIR", "SuperfileReader"]
 
 DEFAULT_CACHE_DIR = os.path.join(tempfile.gettempdir(), "superfile-cache")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -72,12 +72,12 @@ class SuperfileReader:
     ) -> SuperfileReader:
         """Open a local path (memory-mapped) or the whole file in memory; ``name`` appears in errors.
 
-        Structure (magic numbers, footer, section directory) is always checked
-        and so is the footer's CRC-32 (it covers every offset we trust, and is
-        small). ``verify`` additionally checks the CRC-32 of the data region
-        and every blob: a flipped byte anywhere then raises
-        :class:`CorruptSuperfileError`. ``expected_footer_crc32`` (from the
-        manifest) is compared with the footer bytes when given.
+        Structure (magic numbers, footer, section directory) is always checked,
+        and so is the footer's own CRC-32: it is small and covers every offset
+        we trust. ``verify`` additionally checks the CRC-32 of the data region
+        and of every blob (reading the whole file), so that a flipped byte
+        anywhere raises :class:`CorruptSuperfileError`. ``expected_footer_crc32``
+        (kept by the manifest) is compared with the footer bytes when given.
         """
         if isinstance(source, str | os.PathLike):
             buf = pa.memory_map(os.fspath(source), "r").read_buffer()
@@ -87,7 +87,7 @@ class SuperfileReader:
             buf = pa.py_buffer(source)
         view = memoryview(buf)
         footer_start = footer_bounds(view, name)
-        footer_crc = check_footer(view, footer_start, name, verify=verify)
+        footer_crc = check_footer(view, footer_start, name)
         if expected_footer_crc32 is not None and footer_crc != expected_footer_crc32:
             raise CorruptSuperfileError(
                 name, f"footer crc32 {footer_crc:08x} != {expected_footer_crc32:08x} recorded in the manifest"
@@ -98,12 +98,16 @@ class SuperfileReader:
             raise CorruptSuperfileError(name, f"Parquet footer does not parse: {e}") from None
         num_rows, directory, sections = parse_directory(metadata.metadata, footer_start, name)
         if num_rows != metadata.num_rows:
-            raise CorruptSuperfileError(name, f"directory says {num_rows} rows, Parquet footer {metadata.num_rows}")
+            raise CorruptSuperfileError(
+                name, f"directory says {num_rows} rows, Parquet footer {metadata.num_rows}"
+            )
         if verify:
             for s in sections.values():
                 actual = zlib.crc32(view[s.offset : s.offset + s.length])
                 if actual != s.crc32:
-                    raise CorruptSuperfileError(name, f"section {s.name!r} crc32 {actual:08x} != recorded {s.crc32:08x}")
+                    raise CorruptSuperfileError(
+                        name, f"section {s.name!r} crc32 {actual:08x} != recorded {s.crc32:08x}"
+                    )
         sections["footer"] = Section("footer", "footer", footer_start, len(view) - footer_start, footer_crc)
         return cls(name, buf, metadata, directory, sections, cache_dir or DEFAULT_CACHE_DIR)
 
@@ -126,7 +130,9 @@ class SuperfileReader:
             return pf.read(columns=cols)
         offsets = np.asarray(rows)
         if offsets.ndim != 1 or (offsets.size and not np.issubdtype(offsets.dtype, np.integer)):
-            raise TypeError(f"rows must be a 1-d array of integer row offsets, got {offsets.dtype}{offsets.shape}")
+            raise TypeError(
+                f"rows must be a 1-d array of integer row offsets, got {offsets.dtype}{offsets.shape}"
+            )
         offsets = offsets.astype(np.int64, copy=False)
         if offsets.size == 0:
             return pf.schema_arrow.empty_table().select(cols)
@@ -141,8 +147,12 @@ class SuperfileReader:
         return table.take(pa.array(base[group] + offsets - self._rg_starts[group]))
 
     def fulltext(self, column: str) -> FullTextIndex:
-        """The column's full-text index, extracted on first use to ``cache_dir/<name>-<footer crc32>/<column>``
-        (the footer checksum identifies the file's content) and reused by later readers and processes."""
+        """The column's full-text index, opened once per reader.
+
+        It is extracted on first use to ``cache_dir/<name>-<footer crc32>/<column>``
+        (the footer checksum identifies the file's content) and reused by later
+        readers and processes.
+        """
         with self._lock:
             index = self._fulltext.get(column)
             if index is None:

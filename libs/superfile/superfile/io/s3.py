@@ -193,7 +193,7 @@ class S3Storage:
         raise StorageError(f"S3 {op} {where} failed after {self._attempts} attempts: {last}") from last
 
     def _ensure_bucket(self, region: str | None) -> None:
-        with contextlib.suppress(ClientError):
+        with contextlib.suppress(ClientError, BotoCoreError):
             self._client.head_bucket(Bucket=self._bucket)
             return
         region = region or self._client.meta.region_name
@@ -208,6 +208,8 @@ class S3Storage:
         except ClientError as err:
             if _code(err) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise StorageError(f"cannot create bucket {self._bucket!r}: {err}") from err
+        except BotoCoreError as err:
+            raise StorageError(f"cannot create bucket {self._bucket!r}: {err}") from err
 
     # -- reads -------------------------------------------------------------
 

@@ -60,9 +60,9 @@ class Transaction:
         """Stage the removal of every row matching ``where``; returns how many."""
         self._check_open()
         predicate = self._predicate(where)
-        deleted = self._take_matches(predicate, keep_rows=False)
+        deleted = self._take_matches(predicate)
         self._operations.append("delete")
-        return deleted.num_rows
+        return len(deleted)
 
     def update(self, where: str, data: Any) -> int:
         """Replace the rows matching ``where``, in ``_id`` order, by the rows of ``data`` (same count).
@@ -73,8 +73,7 @@ class Transaction:
         count = self._base.count(predicate) + self._count_staged(predicate)
         if rows.num_rows != count:
             raise InvalidInputError(f"update matched {count} rows but {rows.num_rows} replacement rows were given")
-        matched = self._take_matches(predicate, keep_rows=True)
-        ids = np.sort(np.asarray(matched.column(ID).to_numpy(), dtype=np.uint64))
+        ids = np.sort(self._take_matches(predicate))
         self._buffer.add(rows.add_column(0, self._schema.field(ID), pa.array(ids, pa.uint64())))
         self._operations.append("update")
         return rows.num_rows
@@ -154,13 +153,13 @@ class Transaction:
             offsets = offsets[~np.isin(offsets, np.fromiter(already.rows, np.int64, len(already.rows)))]
         return offsets
 
-    def _take_matches(self, predicate: Predicate, *, keep_rows: bool) -> pa.Table:
-        """Stage deletion of every visible row matching ``predicate``; returns their ``_id``s (and rows)."""
-        taken: list[pa.Table] = []
+    def _take_matches(self, predicate: Predicate) -> np.ndarray:
+        """Stage deletion of every visible row matching ``predicate``; returns their ``_id``s."""
+        ids: list[np.ndarray] = []
         staged = self._buffer.table()
         if staged.num_rows:
             mask = predicate.evaluate(staged)
-            taken.append(staged.filter(mask).select([ID]))
+            ids.append(np.asarray(staged.filter(mask).column(ID).to_numpy(), np.uint64))
             self._buffer.replace(staged.filter(pc.invert(mask)))
         candidates = self._base.entries(predicate) + [e for e in self._flushed if predicate.might_match(e.stats)]
 
@@ -168,12 +167,8 @@ class Transaction:
             return entry, self._matching(entry, predicate)
 
         for entry, offsets in self._base.map(one, candidates):
-            if not len(offsets):
-                continue
-            deletion = self._deletions.setdefault(entry.path, Deletion(entry, pyroaring.BitMap()))
-            deletion.rows.update(offsets.astype(np.uint32).tolist())
-            if keep_rows:
-                taken.append(pa.table({ID: pa.array(self._base.ids(entry, offsets), pa.uint64())}))
-            else:
-                taken.append(pa.table({ID: pa.nulls(len(offsets), pa.uint64())}))
-        return pa.concat_tables(taken) if taken else pa.table({ID: pa.array([], pa.uint64())})
+            if len(offsets):
+                deletion = self._deletions.setdefault(entry.path, Deletion(entry, pyroaring.BitMap()))
+                deletion.rows.update(offsets.astype(np.uint32).tolist())
+                ids.append(self._base.ids(entry, offsets))
+        return np.concatenate(ids) if ids else np.zeros(0, np.uint64)
