@@ -45,8 +45,8 @@ KINDS: Final = ("ivf", "hnsw")
 MAGIC: Final = b"SFVI"
 FORMAT_VERSION: Final = 1
 _ALIGN: Final = 64
-# magic, version, kind, metric, dim, nlist, num_rows, radius, nprobe, rerank, section count
-_HEADER = struct.Struct("<4sHBBIIQdIII")
+# magic, version, kind, metric, dim, nlist, num_rows, radius, nprobe, rerank, section count, reserved
+_HEADER = struct.Struct("<4sHBBIIQdIIII")  # 48 bytes
 _SECTION = struct.Struct("<4sIQQ")  # tag, reserved, offset, length
 _CRC = struct.Struct("<I")
 _KIND_CODES: Final = {"ivf": 1, "hnsw": 2}
@@ -675,6 +675,7 @@ def _pack(h: _HeaderFields, sections: list[tuple[bytes, npt.NDArray[Any]]]) -> b
             h.nprobe,
             h.rerank,
             len(sections),
+            0,
         )
     )
     for tag, off, length in table:
@@ -695,7 +696,7 @@ def _parse(mv: memoryview) -> tuple[_HeaderFields, dict[bytes, memoryview]]:
 
     if len(mv) < _HEADER.size:
         raise corrupt(f"blob is truncated ({len(mv)} bytes)")
-    magic, version, kind_code, metric_code, dim, nlist, n, radius, nprobe, rerank, count = (
+    magic, version, kind_code, metric_code, dim, nlist, n, radius, nprobe, rerank, count, _ = (
         _HEADER.unpack_from(mv)
     )
     if magic != MAGIC:

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from superfile.errors import ReadOnlyTableError, UnknownColumnError, VersionNotFoundError
 from superfile.expressions import parse_predicate
-from superfile.manifest.model import HistoryEntry, ManifestList
+from superfile.manifest.model import HistoryEntry, ManifestList, Pointer
 from superfile.options import TableOptions
 from superfile.table.snapshot import Snapshot, TableFiles
 from superfile.table.writer import Transaction
@@ -65,20 +65,27 @@ class Supertable:
         return self._refresh()
 
     def _refresh(self) -> Snapshot:
-        pointer, _ = self._files.manifests.read_pointer()
+        return self._refresh_with_pointer()[0]
+
+    def _refresh_with_pointer(self) -> tuple[Snapshot, tuple[Pointer, str]]:
+        pointer, etag = self._files.manifests.read_pointer()
         with self._lock:
             self._checked = time.monotonic()
             if pointer.manifest != self._snapshot.path and pointer.version >= self._snapshot.version:
                 manifest = self._files.manifests.load_list(pointer.manifest)
                 self._snapshot = Snapshot(self._files, pointer.manifest, manifest)
-            return self._snapshot
+            snapshot = self._snapshot
+        if snapshot.path != pointer.manifest:  # a newer commit of our own raced ahead of this read
+            snapshot = Snapshot(self._files, pointer.manifest, self._files.manifests.load_list(pointer.manifest))
+        return snapshot, (pointer, etag)
 
-    def _writable_snapshot(self) -> Snapshot:
+    def _writable_snapshot(self) -> tuple[Snapshot, tuple[Pointer, str]]:
+        """The latest snapshot and the pointer (with its etag) a writer's first publish attempt is guarded by."""
         if self._pinned:
             raise ReadOnlyTableError(
                 f"table {self.name!r} is open at version {self._snapshot.version}; open it without a version to write"
             )
-        return self._refresh()
+        return self._refresh_with_pointer()
 
     def _published(self, path: str, manifest: ManifestList) -> None:
         with self._lock:

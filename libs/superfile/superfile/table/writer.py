@@ -35,7 +35,7 @@ class Transaction:
 
     def __init__(self, table: Supertable) -> None:
         self._table = table
-        self._base = table._writable_snapshot()
+        self._base, self._base_pointer = table._writable_snapshot()
         self._schema = self._base.schema
         self._options = self._base.manifest.options
         self._buffer = WriteBuffer(self._schema)
@@ -100,7 +100,9 @@ class Transaction:
             self.commit_version = self._base.version
             return self.commit_version
         files = self._table._files
-        path, manifest = publish(files.manifests, change, max_attempts=self._options.commit_max_attempts)
+        path, manifest = publish(
+            files.manifests, change, max_attempts=self._options.commit_max_attempts, base=self._base_pointer
+        )
         self._table._published(path, manifest)
         self.commit_version = manifest.version
         return manifest.version
