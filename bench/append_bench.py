@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, median, peak_rss_mb, repeated, run_isolated, save  # noqa: E402
+from common import ROOT, median, peak_rss_mb, repeated, run_isolated, save
 
 
 def child_superfile(uri: str, rows: int, batch_rows: int) -> dict[str, float]:
@@ -28,9 +28,7 @@ def child_superfile(uri: str, rows: int, batch_rows: int) -> dict[str, float]:
 
     batches = list(repeated(rows, batch_rows))
     db = superfile.connect(uri)
-    t = db.create_table(
-        "bench", batches[0].schema, fts_columns=["text"], vector_columns={"embedding": {"dim": 384}}
-    )
+    t = db.create_table("bench", batches[0].schema, fts_columns=["text"], vector_columns={"embedding": {"dim": 384}})
     rss_before = peak_rss_mb()
     t0 = time.perf_counter()
     for b in batches:
@@ -109,7 +107,15 @@ def main() -> None:
                     target = f"s3://{bucket}/t?endpoint_url={quote(endpoint, safe='')}"
                 else:
                     target = work
-                argv = ["--rows", str(args.rows), "--batch-rows", str(args.batch_rows), "--child", system, target]
+                argv = [
+                    "--rows",
+                    str(args.rows),
+                    "--batch-rows",
+                    str(args.batch_rows),
+                    "--child",
+                    system,
+                    target,
+                ]
                 runs[system].append(run_isolated(Path(__file__), *argv, env=env))
                 shutil.rmtree(work, ignore_errors=True)
                 print(system, runs[system][-1], flush=True)

@@ -75,13 +75,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
         "\nQuery it from Python:\n"
         f"  import superfile\n  t = superfile.connect({args.uri!r}).open_table({args.table!r})\n"
         "  t.to_arrow(where=\"author = 'brenckman,m.'\")\n"
-        f"or from the shell:\n  superfile scan {args.uri} {args.table} --where \"id < 5\" --columns id,title"
+        f'or from the shell:\n  superfile scan {args.uri} {args.table} --where "id < 5" --columns id,title'
     )
 
 
 def cmd_create(args: argparse.Namespace) -> None:
     db = superfile.connect(args.uri)
-    schema = pq.read_schema(args.schema_from) if args.schema_from.endswith(".parquet") else _read(args.schema_from).schema
+    schema = (
+        pq.read_schema(args.schema_from) if args.schema_from.endswith(".parquet") else _read(args.schema_from).schema
+    )
     db.create_table(
         args.table,
         schema,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import threading
 import uuid
-from dataclasses import fields
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 import pyarrow as pa
@@ -74,7 +74,9 @@ def _partition(partition: str | Mapping[str, str] | PartitionSpec | None) -> Par
 class Connection:
     """Creates, opens, lists and drops the tables stored below one URI."""
 
-    def __init__(self, uri: str, *, verify_checksums: bool = True, cache_dir: str | None = None, **storage_options: Any):
+    def __init__(
+        self, uri: str, *, verify_checksums: bool = True, cache_dir: str | None = None, **storage_options: Any
+    ):
         self.uri = uri
         self._storage: Storage = from_uri(uri, **storage_options)
         self._verify = verify_checksums

@@ -8,25 +8,25 @@ to one HTTP status (see ``http_status``).
 from __future__ import annotations
 
 __all__ = [
-    "SuperfileError",
+    "ContentionError",
+    "CorruptSuperfileError",
     "InvalidInputError",
-    "SchemaMismatchError",
-    "UnknownColumnError",
-    "VectorDimensionError",
-    "InvalidVectorError",
+    "InvalidOptionError",
     "InvalidPredicateError",
     "InvalidTableNameError",
-    "InvalidOptionError",
-    "TableNotFoundError",
-    "TableExistsError",
-    "VersionNotFoundError",
-    "ReadOnlyTableError",
-    "ContentionError",
-    "StorageError",
+    "InvalidVectorError",
     "ObjectNotFoundError",
     "PreconditionFailedError",
+    "ReadOnlyTableError",
+    "SchemaMismatchError",
     "ShortReadError",
-    "CorruptSuperfileError",
+    "StorageError",
+    "SuperfileError",
+    "TableExistsError",
+    "TableNotFoundError",
+    "UnknownColumnError",
+    "VectorDimensionError",
+    "VersionNotFoundError",
 ]
 
 

@@ -7,14 +7,15 @@ same values from the manifest, so embedded and remote handles agree.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Mapping
+from typing import Any
 
 import pyarrow as pa
 
 from superfile.errors import InvalidOptionError, UnknownColumnError
 
-__all__ = ["TableOptions", "VectorColumn", "PartitionSpec", "CONSISTENCY_LEVELS", "TOKENIZERS"]
+__all__ = ["CONSISTENCY_LEVELS", "TOKENIZERS", "PartitionSpec", "TableOptions", "VectorColumn"]
 
 TOKENIZERS = ("english", "simple", "raw", "whitespace")
 METRICS = ("cosine", "l2", "dot")
@@ -86,9 +87,7 @@ class TableOptions:
             if tok not in TOKENIZERS:
                 raise InvalidOptionError(f"tokenizer for {name!r} must be one of {TOKENIZERS}, got {tok!r}")
         if self.consistency not in CONSISTENCY_LEVELS:
-            raise InvalidOptionError(
-                f"consistency must be one of {CONSISTENCY_LEVELS}, got {self.consistency!r}"
-            )
+            raise InvalidOptionError(f"consistency must be one of {CONSISTENCY_LEVELS}, got {self.consistency!r}")
         for name in (
             "max_rows_per_superfile",
             "min_rows_per_shard",

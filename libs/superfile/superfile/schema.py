@@ -17,7 +17,7 @@ from superfile.errors import (
 )
 from superfile.options import TableOptions
 
-__all__ = ["ID", "SCORE", "table_schema", "user_schema", "to_arrow_table", "coerce"]
+__all__ = ["ID", "SCORE", "coerce", "table_schema", "to_arrow_table", "user_schema"]
 
 ID = "_id"
 SCORE = "score"
@@ -30,7 +30,7 @@ def table_schema(schema: pa.Schema, options: TableOptions) -> pa.Schema:
         raise InvalidInputError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
     if len(set(schema.names)) != len(schema.names):
         raise InvalidOptionError(f"schema has duplicate column names: {schema.names}")
-    fields = []
+    fields: list[pa.Field] = []
     for f in schema:
         if f.name == ID and len(fields) == 0 and f.type == pa.uint64():
             continue  # a schema read back from a table already has _id

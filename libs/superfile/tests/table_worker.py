@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 
 import pyarrow as pa
-
 import superfile
 
 

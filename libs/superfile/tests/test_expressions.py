@@ -73,8 +73,14 @@ BASE = pa.table(
         "tstz": [_ts(h) for h in (0, 12, 24, None, 36, 48, 0.5, 24, 72)],
         "ts_ns": [_ts(h) for h in (0, 12, 24, None, 36, 48, 0.5, 24, 72)],
         "ts_s": [_ts(h) for h in (0, 12, 24, None, 36, 48, 1, 24, 72)],
-        "d": [dt.date(2020, 1, 1) + dt.timedelta(days=k) if k is not None else None for k in (0, 1, 2, None, 3, 0, 1, 5, 2)],
-        "dec": [Decimal(x) if x is not None else None for x in ("1.25", "1.50", "-3.00", None, "2.00", "0.01", "99.99", "1.26", "3")],
+        "d": [
+            dt.date(2020, 1, 1) + dt.timedelta(days=k) if k is not None else None
+            for k in (0, 1, 2, None, 3, 0, 1, 5, 2)
+        ],
+        "dec": [
+            Decimal(x) if x is not None else None
+            for x in ("1.25", "1.50", "-3.00", None, "2.00", "0.01", "99.99", "1.26", "3")
+        ],
         "bin": [b"ab", b"a", None, b"b", b"", b"abc", b"\x00", b"z", b"ab"],
         "dict": ["cat", "dog", "cat", None, "emu", "dog", "cat", "cat", "emu"],
         "emb": [[0.0, 1.0, 2.0, 3.0]] * ROWS,
@@ -368,7 +374,9 @@ def test_data_stored_as_other_encodings() -> None:
     ):
         assert p.evaluate(pa.table({"s": arr})).to_pylist() == [False, True, False, True]
     views = pa.schema([("v", pa.string_view()), ("fb", pa.binary(2))])
-    table = pa.table({"v": pa.array(["ab", "b", None], pa.string_view()), "fb": pa.array([b"ab", b"zz", None], pa.binary(2))})
+    table = pa.table(
+        {"v": pa.array(["ab", "b", None], pa.string_view()), "fb": pa.array([b"ab", b"zz", None], pa.binary(2))}
+    )
     q = parse_predicate("v LIKE 'a%' OR fb = 'zz'", views)
     assert q.evaluate(table).to_pylist() == [True, True, False]
     assert stats_from_table(table)["v"] == ColumnStats("ab", "b", 1, 3)
@@ -395,8 +403,17 @@ def test_modulo_by_zero_is_null() -> None:
 def test_nan_follows_ieee() -> None:
     """NaN equals nothing and orders with nothing (DuckDB instead sorts NaN above +inf)."""
     table = pa.table({"f": [float("nan"), 1.0, None]})
-    mask = {w: parse_predicate(w, table.schema).evaluate(table).to_pylist() for w in (
-        "f = CAST('nan' AS DOUBLE)", "f > 0", "f <> 1", "f IN (CAST('nan' AS DOUBLE), 1)", "NOT (f < 0)", "f IS NULL")}
+    mask = {
+        w: parse_predicate(w, table.schema).evaluate(table).to_pylist()
+        for w in (
+            "f = CAST('nan' AS DOUBLE)",
+            "f > 0",
+            "f <> 1",
+            "f IN (CAST('nan' AS DOUBLE), 1)",
+            "NOT (f < 0)",
+            "f IS NULL",
+        )
+    }
     assert mask == {
         "f = CAST('nan' AS DOUBLE)": [False, False, False],
         "f > 0": [False, True, False],
@@ -541,7 +558,9 @@ def test_errors(where: str, error: type[Exception], fragment: str) -> None:
 
 
 def test_unsupported_column_type_and_ambiguity() -> None:
-    schema = pa.schema([("t", pa.time64("us")), ("x", pa.int8()), ("X", pa.int8()), ("Ab", pa.int8()), ("aB", pa.int8())])
+    schema = pa.schema(
+        [("t", pa.time64("us")), ("x", pa.int8()), ("X", pa.int8()), ("Ab", pa.int8()), ("aB", pa.int8())]
+    )
     with pytest.raises(InvalidPredicateError, match=r'column "t" has type time64\[us\]'):
         parse_predicate("t IS NULL", schema)
     assert parse_predicate("X = 1", schema).columns == {"X"}  # an exact match wins
@@ -659,10 +678,26 @@ PRUNE_SCHEMA = pa.schema(
         ("b", {"b": S(False, True)}, True),
         ("NOT b", {"b": S(True, True)}, False),
         ("b = TRUE", {"b": S(False, False)}, False),
-        ("ts > TIMESTAMP '2021-01-01 00:00:00'", {"ts": S(dt.datetime(2020, 1, 1, tzinfo=dt.UTC), dt.datetime(2020, 12, 31, tzinfo=dt.UTC))}, False),
-        ("ts > '2020-06-01'", {"ts": S(dt.datetime(2020, 1, 1, tzinfo=dt.UTC), dt.datetime(2020, 12, 31, tzinfo=dt.UTC))}, True),
-        ("ts < TIMESTAMPTZ '2020-01-01 01:00:00+02:00'", {"ts": S(dt.datetime(2020, 1, 1, tzinfo=dt.UTC), dt.datetime(2020, 1, 2, tzinfo=dt.UTC))}, False),
-        ("ts < DATE '2020-01-01'", {"ts": S(dt.datetime(2020, 1, 1), dt.datetime(2020, 1, 2))}, False),  # naive stats read as UTC
+        (
+            "ts > TIMESTAMP '2021-01-01 00:00:00'",
+            {"ts": S(dt.datetime(2020, 1, 1, tzinfo=dt.UTC), dt.datetime(2020, 12, 31, tzinfo=dt.UTC))},
+            False,
+        ),
+        (
+            "ts > '2020-06-01'",
+            {"ts": S(dt.datetime(2020, 1, 1, tzinfo=dt.UTC), dt.datetime(2020, 12, 31, tzinfo=dt.UTC))},
+            True,
+        ),
+        (
+            "ts < TIMESTAMPTZ '2020-01-01 01:00:00+02:00'",
+            {"ts": S(dt.datetime(2020, 1, 1, tzinfo=dt.UTC), dt.datetime(2020, 1, 2, tzinfo=dt.UTC))},
+            False,
+        ),
+        (
+            "ts < DATE '2020-01-01'",
+            {"ts": S(dt.datetime(2020, 1, 1), dt.datetime(2020, 1, 2))},
+            False,
+        ),  # naive stats read as UTC
         ("d = DATE '2020-02-01'", {"d": S(dt.date(2020, 1, 1), dt.date(2020, 1, 31))}, False),
         ("d >= TIMESTAMP '2020-01-31 00:00:01'", {"d": S(dt.date(2020, 1, 1), dt.date(2020, 1, 31))}, False),
         ("_id = 18446744073709551615", {"_id": S(0, 2**63)}, False),
@@ -788,9 +823,9 @@ def num_expr(draw: st.DrawFn) -> str:
         st.one_of(
             int_expr(),
             st.just("f"),
-            st.tuples(st.sampled_from(["f", "i"]), st.sampled_from(["+", "-", "*"]), st.sampled_from(["f", "i", "2", "-3"])).map(
-                lambda t: f"({t[0]} {t[1]} {t[2]})"
-            ),
+            st.tuples(
+                st.sampled_from(["f", "i"]), st.sampled_from(["+", "-", "*"]), st.sampled_from(["f", "i", "2", "-3"])
+            ).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
             st.tuples(st.sampled_from(["f", "i", "(i + f)"]), NONZERO).map(lambda t: f"({t[0]} / {t[1]})"),
             st.just("abs(f)"),
         )
@@ -804,7 +839,9 @@ def _lit_list(items: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
 TS_LIT = TIMESTAMPS.map(lambda t: f"TIMESTAMP '{t.isoformat(sep=' ')}'")
 TS_STR = TIMESTAMPS.map(lambda t: sql_string(t.isoformat(sep=" ")))
 DATE_LIT = DATES.map(lambda d: f"DATE '{d.isoformat()}'")
-U_LIT = st.sampled_from(["0", "1", "3", "-1", "9223372036854775808", "18446744073709551615", "18446744073709551616", "2.5"])
+U_LIT = st.sampled_from(
+    ["0", "1", "3", "-1", "9223372036854775808", "18446744073709551615", "18446744073709551616", "2.5"]
+)
 
 
 @st.composite
@@ -814,23 +851,35 @@ def atoms(draw: st.DrawFn) -> str:
     return draw(
         st.one_of(
             st.tuples(num_expr(), CMP, st.one_of(NUM_LIT, num_expr())).map(" ".join),
-            st.tuples(st.just("i"), st.sampled_from(["IN", "NOT IN"]), _lit_list(NUM_LIT)).map(lambda t: f"{t[0]} {t[1]} ({t[2]})"),
+            st.tuples(st.just("i"), st.sampled_from(["IN", "NOT IN"]), _lit_list(NUM_LIT)).map(
+                lambda t: f"{t[0]} {t[1]} ({t[2]})"
+            ),
             st.tuples(num_expr(), st.sampled_from(["BETWEEN", "NOT BETWEEN"]), NUM_LIT, NUM_LIT).map(
                 lambda t: f"{t[0]} {t[1]} {t[2]} AND {t[3]}"
             ),
             st.tuples(st.just("u"), CMP, st.one_of(U_LIT, st.sampled_from(["i", "u"]))).map(" ".join),
-            st.tuples(st.just("u"), st.sampled_from(["IN", "NOT IN"]), _lit_list(U_LIT)).map(lambda t: f"{t[0]} {t[1]} ({t[2]})"),
-            st.tuples(st.sampled_from(["s", "lower(s)", "upper(s)"]), CMP, WORDS.map(sql_string)).map(" ".join),
-            st.tuples(st.sampled_from(["s IN", "s NOT IN"]), _lit_list(WORDS.map(sql_string))).map(lambda t: f"{t[0]} ({t[1]})"),
-            st.tuples(st.sampled_from(["s", "lower(s)"]), st.sampled_from(["LIKE", "NOT LIKE", "ILIKE", "NOT ILIKE"]), pattern).map(
-                lambda t: f"{t[0]} {t[1]} {sql_string(t[2])}"
+            st.tuples(st.just("u"), st.sampled_from(["IN", "NOT IN"]), _lit_list(U_LIT)).map(
+                lambda t: f"{t[0]} {t[1]} ({t[2]})"
             ),
+            st.tuples(st.sampled_from(["s", "lower(s)", "upper(s)"]), CMP, WORDS.map(sql_string)).map(" ".join),
+            st.tuples(st.sampled_from(["s IN", "s NOT IN"]), _lit_list(WORDS.map(sql_string))).map(
+                lambda t: f"{t[0]} ({t[1]})"
+            ),
+            st.tuples(
+                st.sampled_from(["s", "lower(s)"]), st.sampled_from(["LIKE", "NOT LIKE", "ILIKE", "NOT ILIKE"]), pattern
+            ).map(lambda t: f"{t[0]} {t[1]} {sql_string(t[2])}"),
             st.tuples(st.just("length(s)"), CMP, st.integers(0, 4).map(str)).map(" ".join),
-            st.sampled_from(["b", "b = TRUE", "b <> FALSE", "b = (i > 0)", "TRUE", "FALSE", "NULL", "i = NULL", "NULL IS NULL"]),
-            st.tuples(st.just("ts"), CMP, st.one_of(TS_LIT, TS_STR, DATE_LIT, st.sampled_from(["ts", "d"]))).map(" ".join),
+            st.sampled_from(
+                ["b", "b = TRUE", "b <> FALSE", "b = (i > 0)", "TRUE", "FALSE", "NULL", "i = NULL", "NULL IS NULL"]
+            ),
+            st.tuples(st.just("ts"), CMP, st.one_of(TS_LIT, TS_STR, DATE_LIT, st.sampled_from(["ts", "d"]))).map(
+                " ".join
+            ),
             st.tuples(st.just("d"), CMP, st.one_of(DATE_LIT, TS_LIT)).map(" ".join),
             st.tuples(st.just("ts BETWEEN"), TS_LIT, TS_STR).map(lambda t: f"{t[0]} {t[1]} AND {t[2]}"),
-            st.tuples(st.sampled_from(["ts IN", "d NOT IN"]), _lit_list(st.one_of(TS_LIT, DATE_LIT))).map(lambda t: f"{t[0]} ({t[1]})"),
+            st.tuples(st.sampled_from(["ts IN", "d NOT IN"]), _lit_list(st.one_of(TS_LIT, DATE_LIT))).map(
+                lambda t: f"{t[0]} ({t[1]})"
+            ),
             st.tuples(column, st.sampled_from(["IS NULL", "IS NOT NULL"])).map(" ".join),
         )
     )
@@ -878,9 +927,7 @@ def test_pruning_is_sound(table: pa.Table, where: str, cuts: list[int], loosen: 
         stats = stats_from_table(part)
         assert p.might_match(stats), f"{p} pruned a file holding a match: {stats}"
         weaker = {
-            name: _loosen(s, loosen.draw(st.integers(0, 2)))
-            for name, s in stats.items()
-            if loosen.draw(st.booleans())
+            name: _loosen(s, loosen.draw(st.integers(0, 2))) for name, s in stats.items() if loosen.draw(st.booleans())
         }
         assert p.might_match(weaker), f"{p} pruned with weaker stats {weaker}"
 

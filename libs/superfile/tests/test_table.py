@@ -8,17 +8,14 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-
 import superfile
 from superfile.errors import (
     ContentionError,
@@ -126,9 +123,7 @@ def test_delete_update_transaction(cranfield: pa.Table) -> None:
     v = t.delete("id <= 10 OR id > 590")
     assert t.count_rows() == 600 - 10 - 10
     assert t.count_rows("id <= 10") == 0
-    replacement = cranfield.filter(pc.equal(cranfield["id"], 42)).set_column(
-        1, "title", pa.array(["a replaced title"])
-    )
+    replacement = cranfield.filter(pc.equal(cranfield["id"], 42)).set_column(1, "title", pa.array(["a replaced title"]))
     before_id = t.to_arrow(columns=["_id"], where="id = 42").column("_id").to_pylist()
     t.update("id = 42", replacement)
     row = t.to_arrow(where="id = 42")
@@ -149,7 +144,12 @@ def test_delete_update_transaction(cranfield: pa.Table) -> None:
         raise RuntimeError("abort")
     assert t.count_rows() == 619 and t.version == v + 2
     assert [h["operation"] for h in t.versions()] == [
-        "create", "append", "append", "delete", "update", "transaction",
+        "create",
+        "append",
+        "append",
+        "delete",
+        "update",
+        "transaction",
     ]
 
 
@@ -231,8 +231,11 @@ def test_concurrent_appends_lose_nothing(backend: str, request: pytest.FixtureRe
         endpoint = request.getfixturevalue("s3_endpoint")
         uri = f"s3://{request.getfixturevalue('s3_bucket')}/c?endpoint_url={quote(endpoint, safe='')}"
     db = superfile.connect(uri)
-    db.create_table("t", pa.schema([("worker", pa.int32()), ("seq", pa.int32()), ("text", pa.string())]),
-                    fts_columns=["text"])
+    db.create_table(
+        "t",
+        pa.schema([("worker", pa.int32()), ("seq", pa.int32()), ("text", pa.string())]),
+        fts_columns=["text"],
+    )
     acks = _run_workers(uri, workers=4, appends=25, rows=3)
     assert len(acks) == 100
     t = db.open_table("t")
@@ -260,8 +263,11 @@ def test_contention_beyond_retry_bound_raises(tmp_path: Path) -> None:
 def test_sigkill_during_commits_leaves_a_committed_table(tmp_path: Path) -> None:
     uri = f"file://{tmp_path}"
     db = superfile.connect(uri)
-    db.create_table("t", pa.schema([("worker", pa.int32()), ("seq", pa.int32()), ("text", pa.string())]),
-                    fts_columns=["text"])
+    db.create_table(
+        "t",
+        pa.schema([("worker", pa.int32()), ("seq", pa.int32()), ("text", pa.string())]),
+        fts_columns=["text"],
+    )
     rng = random.Random(7)
     acked: set[tuple[int, int]] = set()
     for trial in range(20):
@@ -327,3 +333,48 @@ def test_lazy_manifest_parts_are_not_all_read(tmp_path: Path) -> None:
     for i in range(6):
         eager.append({"x": [i]})
     assert superfile.connect(uri).open_table("e").stats()["manifest_parts_fetched"] == 3
+
+
+@pytest.mark.parametrize(
+    ("partition", "expected_parts"),
+    [("region", 3), ({"column": "region", "transform": "bucket[4]"}, None), ({"column": "ts", "transform": "day"}, 4)],
+)
+def test_partitioned_table(partition: object, expected_parts: int | None) -> None:
+    import datetime
+
+    from superfile.commit.shard import partition_keys
+    from superfile.options import PartitionSpec
+
+    db = superfile.connect("memory://part-" + os.urandom(4).hex())
+    schema = pa.schema([("region", pa.string()), ("ts", pa.timestamp("us")), ("x", pa.int64())])
+    t = db.create_table("t", schema, partition=partition)
+    day0 = datetime.datetime(2026, 1, 1)
+    rows = [
+        {"region": ["eu", "us", "ap"][i % 3], "ts": day0 + datetime.timedelta(hours=18 * i), "x": i} for i in range(6)
+    ]
+    t.append(rows)
+    t.append(rows)
+    if expected_parts is None:
+        expected_parts = len(
+            set(partition_keys(pa.chunked_array([["eu", "us", "ap"]]), PartitionSpec("region", "bucket[4]")))
+        )
+    snap = t._current()
+    entries = snap.entries()
+    keys = {e.partition for e in entries}
+    assert len(keys) == expected_parts == len({p.partition for p in snap.manifest.parts})
+    for e in entries:  # every superfile holds one partition only
+        got = snap.read_rows(e, snap.live_offsets(e), ["region", "ts"])
+        if partition == "region":
+            assert set(got.column("region").to_pylist()) == {e.partition}
+    assert sorted(t.to_arrow(columns=["x"]).column("x").to_pylist()) == sorted(list(range(6)) * 2)
+    assert t.options.partition is not None
+    if partition == "region":
+        assert len(snap.entries(snap_predicate(t, "region = 'eu'"))) == 2
+    t.delete("x = 1")
+    assert t.count_rows() == 10
+
+
+def snap_predicate(t: superfile.Supertable, where: str) -> object:
+    from superfile.expressions import parse_predicate
+
+    return parse_predicate(where, t.schema)

@@ -15,7 +15,7 @@ from superfile.manifest.model import SuperfileEntry
 from superfile.options import TableOptions
 from superfile.pools import build_pool
 
-__all__ = ["superfile_spec", "build_shards"]
+__all__ = ["build_shards", "superfile_spec"]
 
 
 def superfile_spec(options: TableOptions) -> SuperfileSpec:

@@ -17,11 +17,19 @@ from typing import Any
 import pyroaring
 
 from superfile.errors import ContentionError, PreconditionFailedError, TableNotFoundError
-from superfile.manifest.model import DeletionRef, HistoryEntry, ManifestList, PartRef, Pointer, SuperfileEntry, now_ms
+from superfile.manifest.model import (
+    DeletionRef,
+    HistoryEntry,
+    ManifestList,
+    PartRef,
+    Pointer,
+    SuperfileEntry,
+    now_ms,
+)
 from superfile.manifest.store import ManifestStore, backoff
 from superfile.manifest.summary import part_ref
 
-__all__ = ["Change", "Deletion", "apply_change", "publish", "StaleSuperfileError"]
+__all__ = ["Change", "Deletion", "StaleSuperfileError", "apply_change", "publish"]
 
 
 class StaleSuperfileError(ContentionError):
@@ -56,7 +64,9 @@ class Change:
         return not self.added and not any(len(d.rows) for d in self.deletions.values()) and not self.properties
 
 
-def _with_deletes(entry: SuperfileEntry, rows: pyroaring.AbstractBitMap, store: ManifestStore) -> tuple[SuperfileEntry, int]:
+def _with_deletes(
+    entry: SuperfileEntry, rows: pyroaring.AbstractBitMap, store: ManifestStore
+) -> tuple[SuperfileEntry, int]:
     old = store.load_deletes(entry.deletes.path) if entry.deletes else pyroaring.FrozenBitMap()
     merged = pyroaring.BitMap(old) | rows
     newly = len(merged) - len(old)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -11,7 +12,7 @@ import pyarrow.compute as pc
 
 from superfile.options import PartitionSpec, TableOptions
 
-__all__ = ["Shard", "shard", "partition_keys"]
+__all__ = ["Shard", "partition_keys", "shard"]
 
 
 @dataclass(frozen=True)
@@ -25,9 +26,10 @@ def _bucket(value: object, buckets: int) -> str:
     return str(int.from_bytes(digest, "little") % buckets)
 
 
-def partition_keys(column: pa.ChunkedArray, spec: PartitionSpec) -> pa.Array:
+def partition_keys(column: pa.ChunkedArray, spec: PartitionSpec) -> list[str]:
     """The partition key (a string; ``null`` for null values) of every row."""
-    col = column.combine_chunks()
+    col: pa.Array = column.combine_chunks()
+    keys: pa.Array
     if spec.transform in ("year", "month", "day"):
         fmt = {"year": "%Y", "month": "%Y-%m", "day": "%Y-%m-%d"}[spec.transform]
         if pa.types.is_timestamp(col.type) and col.type.tz is not None:
@@ -39,7 +41,7 @@ def partition_keys(column: pa.ChunkedArray, spec: PartitionSpec) -> pa.Array:
         keys = pc.take(mapping, pc.index_in(col, value_set=uniques))
     else:
         keys = col.cast(pa.string()) if not pa.types.is_string(col.type) else col
-    return pc.fill_null(keys, "null")
+    return [k if k is not None else "null" for k in keys.to_pylist()]
 
 
 def shard(rows: pa.Table, options: TableOptions, workers: int) -> list[Shard]:
@@ -52,13 +54,12 @@ def shard(rows: pa.Table, options: TableOptions, workers: int) -> list[Shard]:
         groups = [(None, rows)]
     else:
         keys = partition_keys(rows.column(options.partition.column), options.partition)
-        groups = []
-        for key in sorted(pc.unique(keys).to_pylist()):
-            groups.append((key, rows.filter(pc.equal(keys, key))))
-    shards = []
+        key_array = pa.array(keys, pa.string())
+        groups = [(key, rows.filter(pc.equal(key_array, pa.scalar(key)))) for key in sorted(set(keys))]
+    shards: list[Shard] = []
     for key, table in groups:
         n = math.ceil(table.num_rows / options.max_rows_per_superfile)
         n = max(n, min(workers, table.num_rows // options.min_rows_per_shard), 1)
         bounds = [round(i * table.num_rows / n) for i in range(n + 1)]
-        shards.extend(Shard(key, table.slice(a, b - a)) for a, b in zip(bounds, bounds[1:], strict=False))
+        shards.extend(Shard(key, table.slice(a, b - a)) for a, b in itertools.pairwise(bounds))
     return shards

@@ -17,6 +17,7 @@ __all__ = ["summarize", "vectors_of"]
 
 def vectors_of(rows: pa.Table, column: str) -> np.ndarray:
     arr = rows.column(column).combine_chunks()
+    assert isinstance(arr, pa.FixedSizeListArray)
     dim = arr.type.list_size
     return np.asarray(arr.values.to_numpy(zero_copy_only=False), np.float32).reshape(-1, dim)
 

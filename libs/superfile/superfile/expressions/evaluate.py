@@ -135,7 +135,9 @@ def _in_list(node: InList, b: Backend) -> ArrowValue:
     plan = node.plan
     if isinstance(plan, ConstPlan):
         return _const(plan.outcome, plan.subject, b)
-    subject = _cast(compile_node(plan.subject, b), None if plan.subject.dtype == plan.domain.dtype else plan.domain.dtype)
+    subject = _cast(
+        compile_node(plan.subject, b), None if plan.subject.dtype == plan.domain.dtype else plan.domain.dtype
+    )
     hit = pc.is_in(subject, value_set=plan.value_set)
     result = pc.if_else(pc.is_null(subject), b.scalar(_NULL_BOOL), hit)
     # x IN (..., NULL) is TRUE on a match and NULL otherwise.

@@ -318,8 +318,7 @@ def _parse_temporal(value: str, subject: Node) -> dt.datetime:
         return dt.datetime.fromisoformat(value.strip())
     except ValueError:
         raise InvalidPredicateError(
-            f"cannot compare {_typed(subject)} with {literal_sql(value)}: "
-            "the string is not an ISO date or timestamp"
+            f"cannot compare {_typed(subject)} with {literal_sql(value)}: the string is not an ISO date or timestamp"
         ) from None
 
 
@@ -689,9 +688,7 @@ class _Converter:
                 raise InvalidPredicateError(
                     f'column "{field.name}" is a vector/list column ({field.type}) and cannot be used in a predicate'
                 )
-            raise InvalidPredicateError(
-                f'column "{field.name}" has type {field.type}, which predicates do not support'
-            )
+            raise InvalidPredicateError(f'column "{field.name}" has type {field.type}, which predicates do not support')
         return Column(field.name, field.type, working)
 
     def _literal(self, e: exp.Literal | exp.Boolean | exp.Null) -> LiteralValue:
@@ -889,9 +886,7 @@ class _Converter:
             if not isinstance(escape_node, Literal) or not isinstance(escape_node.value, str):
                 raise InvalidPredicateError("ESCAPE needs a one-character string literal")
             if len(escape_node.value) != 1:
-                raise InvalidPredicateError(
-                    f"ESCAPE needs exactly one character, got {literal_sql(escape_node.value)}"
-                )
+                raise InvalidPredicateError(f"ESCAPE needs exactly one character, got {literal_sql(escape_node.value)}")
             escape = escape_node.value
         plan: ConstPlan | LikePlan
         if pattern.value is None or (isinstance(operand, Literal) and operand.value is None):

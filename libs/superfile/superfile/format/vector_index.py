@@ -351,16 +351,18 @@ class VectorIndex:
         if flt is None:
             seen = np.cumsum(self._sizes[order])
             # probe nprobe lists, more if they hold fewer than k rows (tiny files, skewed lists)
-            nlists = max(nprobe, int(np.searchsorted(seen, k)) + 1)
+            probes = order[: max(nprobe, int(np.searchsorted(seen, k)) + 1)]
         else:
-            # a uniform filter keeping a fraction s of rows puts the true top-k among the
-            # nearest ~k/s rows: keep probing (nearest lists first) until the allowed rows
-            # seen reach what default probing scans, scaled by s**_FILTER_EXPONENT
+            # Lists without allowed rows are skipped. Of the rest, probe the nprobe nearest (a
+            # filter correlated with the geometry leaves whole regions empty) and keep going
+            # until the allowed rows seen reach what default probing scans times s**0.75: a
+            # uniform filter keeping a fraction s puts the top k among the nearest ~k/s rows.
+            counts = flt.list_counts(offsets)[order]
             base = int(np.sum(self._sizes[order[:nprobe]]))
             target = max(k, math.ceil(base * (flt.m / self.num_rows) ** _FILTER_EXPONENT))
-            seen = np.cumsum(flt.list_counts(offsets)[order])
-            nlists = max(nprobe, int(np.searchsorted(seen, target)) + 1)
-        probes = order[: min(nlists, len(order))]
+            useful = np.cumsum(counts > 0)
+            nlists = max(np.searchsorted(useful, nprobe), np.searchsorted(np.cumsum(counts), target)) + 1
+            probes = order[:nlists][counts[:nlists] > 0]
         starts = offsets[probes]
         sizes = offsets[probes + 1] - starts
         total = int(sizes.sum())

@@ -23,16 +23,16 @@ from superfile.manifest.bloom import BloomFilter
 from superfile.options import TableOptions
 
 __all__ = [
-    "TextSummary",
-    "VectorSummary",
     "DeletionRef",
-    "SuperfileEntry",
-    "PartRef",
     "HistoryEntry",
     "ManifestList",
+    "PartRef",
     "Pointer",
-    "encode_value",
+    "SuperfileEntry",
+    "TextSummary",
+    "VectorSummary",
     "decode_value",
+    "encode_value",
 ]
 
 FORMAT_VERSION = 1
@@ -338,4 +338,4 @@ class Pointer:
 
 
 def now_ms() -> int:
-    return int(datetime.datetime.now(datetime.timezone.utc).timestamp() * 1000)
+    return int(datetime.datetime.now(datetime.UTC).timestamp() * 1000)

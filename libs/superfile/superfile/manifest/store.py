@@ -21,12 +21,12 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyroaring
 
+from superfile._lru import LRU
 from superfile.errors import ContentionError, ObjectNotFoundError, PreconditionFailedError, TableNotFoundError
 from superfile.io import Storage
-from superfile._lru import LRU
 from superfile.manifest.model import ManifestList, PartRef, Pointer, SuperfileEntry
 
-__all__ = ["ManifestStore", "POINTER", "backoff"]
+__all__ = ["POINTER", "ManifestStore", "backoff"]
 
 POINTER = "_pointer.json"
 SEQUENCE = "_sequence.json"

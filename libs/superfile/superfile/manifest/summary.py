@@ -12,7 +12,7 @@ from superfile.expressions import ColumnStats
 from superfile.manifest.bloom import BloomFilter
 from superfile.manifest.model import PartRef, SuperfileEntry, TextSummary, VectorSummary
 
-__all__ = ["column_stats", "text_summary", "vector_summary", "part_ref", "merge_stats"]
+__all__ = ["column_stats", "merge_stats", "part_ref", "text_summary", "vector_summary"]
 
 _MAX_BOUND_CHARS = 64
 
@@ -63,10 +63,10 @@ def vector_summary(vectors: np.ndarray, metric: str) -> VectorSummary:
     """Centroid and covering radius, in the geometry the metric searches (unit sphere for cosine)."""
     if len(vectors) == 0:
         return VectorSummary(np.zeros(vectors.shape[1], np.float32), 0.0)
-    v = vectors.astype(np.float32, copy=False)
+    v = np.asarray(vectors, dtype=np.float32)
     if metric == "cosine":
         norms = np.linalg.norm(v, axis=1, keepdims=True)
-        v = v / np.where(norms == 0, 1, norms)
+        v = (v / np.where(norms == 0, 1, norms)).astype(np.float32)
     centroid = v.mean(axis=0)
     radius = float(np.sqrt(((v - centroid) ** 2).sum(axis=1).max()))
     return VectorSummary(centroid.astype(np.float32), radius)
@@ -83,9 +83,7 @@ def merge_stats(many: Sequence[dict[str, ColumnStats]]) -> dict[str, ColumnStats
         rows = sum(s.row_count for s in parts)
         nulls = None if any(s.null_count is None for s in parts) else sum(s.null_count or 0 for s in parts)
         valued = [s for s in parts if not (s.null_count is not None and s.null_count == s.row_count)]
-        if not valued:
-            out[name] = ColumnStats(None, None, nulls, rows)
-        elif any(s.min is None or s.max is None for s in valued):
+        if not valued or any(s.min is None or s.max is None for s in valued):
             out[name] = ColumnStats(None, None, nulls, rows)
         else:
             try:

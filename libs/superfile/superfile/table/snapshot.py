@@ -21,9 +21,10 @@ from superfile.manifest.store import ManifestStore
 from superfile.pools import query_pool
 from superfile.schema import ID
 
-__all__ = ["TableFiles", "Snapshot"]
+__all__ = ["Snapshot", "TableFiles"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class TableFiles:
@@ -73,7 +74,7 @@ class Snapshot:
     def schema(self) -> pa.Schema:
         return self.manifest.schema
 
-    def map(self, fn: Callable[[T], object], items: Sequence[T]) -> list:  # type: ignore[type-arg]
+    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """Run ``fn`` over ``items`` on the query pool (inline for a single item)."""
         if len(items) <= 1:
             return [fn(i) for i in items]

@@ -21,7 +21,6 @@ from superfile.schema import ID, coerce
 
 if TYPE_CHECKING:
     from superfile.table import Supertable
-    from superfile.table.snapshot import Snapshot
 
 __all__ = ["Transaction"]
 
@@ -52,7 +51,10 @@ class Transaction:
         self._check_open()
         rows = coerce(data, self._schema, self._options)
         if rows.num_rows:
-            self._stage(rows, self._table._files.manifests.reserve_ids(rows.num_rows, self._options.commit_max_attempts))
+            self._stage(
+                rows,
+                self._table._files.manifests.reserve_ids(rows.num_rows, self._options.commit_max_attempts),
+            )
             self._operations.append("append")
         return rows.num_rows
 
