@@ -20,7 +20,6 @@ import pyarrow.dataset as ds
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from superfile.errors import InvalidPredicateError, UnknownColumnError
 from superfile.expressions import ColumnStats, Predicate, parse_predicate, stats_from_table
 

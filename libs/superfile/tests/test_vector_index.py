@@ -6,6 +6,7 @@ is used when present; the synthetic clustered set always runs.
 
 from __future__ import annotations
 
+import importlib.resources
 import importlib.util
 import struct
 import zlib
@@ -18,7 +19,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap
-
 from superfile.errors import CorruptSuperfileError, InvalidOptionError, InvalidVectorError, VectorDimensionError
 from superfile.format.vector_index import METRICS, VectorIndex, VectorIndexParams, build_vector_index
 
@@ -40,10 +40,21 @@ def exact(x: np.ndarray, q: np.ndarray, metric: str, k: int, rows: np.ndarray | 
     return rows[order], d[order]
 
 
+def exact_many(x: np.ndarray, queries: np.ndarray, metric: str, k: int) -> np.ndarray:
+    """Exact top-k rows for many queries at once (float32 BLAS; ties are immaterial for recall)."""
+    if metric == "cosine":
+        x = x / np.linalg.norm(x, axis=1, keepdims=True)
+        queries = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    d = -(queries @ x.T)
+    if metric == "l2":
+        d = 2 * d + np.einsum("ij,ij->i", x, x)
+    top = np.argpartition(d, k - 1, axis=1)[:, :k]
+    return top
+
+
 def recall(index: VectorIndex, x: np.ndarray, queries: np.ndarray, metric: str, k: int = 10, **kw) -> float:
     hits = 0
-    for q in queries:
-        want, _ = exact(x, q, metric, k)
+    for q, want in zip(queries, exact_many(x, queries, metric, k), strict=True):
         got, _ = index.search(q, k, **kw)
         hits += len(set(got.tolist()) & set(want.tolist()))
     return hits / (k * len(queries))
@@ -118,8 +129,8 @@ def test_from_buffer_does_not_copy() -> None:
     buf = pa.py_buffer(build_vector_index(x, "cosine"))
     index = VectorIndex.from_buffer(buf)
     base = np.frombuffer(buf, dtype=np.uint8)
-    assert np.shares_memory(index.vectors(np.arange(0)), index.vectors(np.arange(0))) is False  # copies out
     assert np.shares_memory(index._vecs, base) and np.shares_memory(index._codes, base)
+    assert not np.shares_memory(index.vectors(np.arange(3)), base)  # what callers get is their own
 
 
 # -- recall against exact search ----------------------------------------------------------------
@@ -172,11 +183,12 @@ def halfspace(x: np.ndarray, fraction: float, seed: int) -> np.ndarray:
 def test_filtered_search_is_exact(blobs, ivf_index, hnsw_index, fraction, which, shape) -> None:
     """The k nearest allowed rows, never a post-filtered unfiltered top-k.
 
-    "ivf-narrow" probes 4 lists, so only the widening (not the direct scan) can find them.
+    "ivf-narrow" probes 8 lists (of 141) so that 10% and 50% take the widening path rather than
+    the direct scan of the allowed rows.
     """
     x, queries = blobs
     index = hnsw_index if which == "hnsw" else ivf_index
-    nprobe = 4 if which == "ivf-narrow" else None
+    nprobe = 8 if which == "ivf-narrow" else None
     rng = np.random.default_rng(int(fraction * 1000))
     if shape == "uniform":
         rows = np.sort(rng.choice(len(x), max(1, int(fraction * len(x))), replace=False))
@@ -185,7 +197,7 @@ def test_filtered_search_is_exact(blobs, ivf_index, hnsw_index, fraction, which,
     allow = BitMap(rows.tolist())
     hits = total = 0
     for q in queries:
-        want, want_dist = exact(x, q, "cosine", 10, rows)
+        want, _ = exact(x, q, "cosine", 10, rows)
         got, dist = index.search(q, 10, nprobe=nprobe, allow=allow)
         assert len(got) == min(10, len(rows))
         assert set(got.tolist()) <= set(rows.tolist())
@@ -248,7 +260,7 @@ def test_exhaustive_search_is_exact(seed, n, dim, metric, k) -> None:
     q = rng.standard_normal(dim).astype(np.float32)
     index = VectorIndex.from_buffer(build_vector_index(x, metric, VectorIndexParams(nlist=max(1, n // 8))))
     rows, dist = index.search(q, k, nprobe=index.nlist, rerank=n)
-    want_rows, want = exact(x, q, metric, k)
+    _, want = exact(x, q, metric, k)
     assert len(rows) == min(k, n)
     assert np.allclose(dist, want, atol=1e-4)
     _, own = exact(x, q, metric, k, rows)  # each returned row carries its own exact distance

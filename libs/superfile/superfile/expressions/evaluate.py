@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -66,7 +66,8 @@ class ExpressionBackend:
         return ref if node.source == node.working else ref.cast(node.working)
 
     def scalar(self, value: pa.Scalar) -> ArrowValue:
-        return pc.scalar(value)
+        # A typed Scalar keeps its exact type (uint64, timestamp[ns], ...); the stubs only list Python values.
+        return pc.scalar(cast(Any, value))
 
 
 class TableBackend:
@@ -202,4 +203,6 @@ def evaluate_mask(root: Node, table: pa.Table | pa.RecordBatch) -> pa.BooleanArr
     if isinstance(result, pa.Scalar):
         return pa.repeat(pa.scalar(result.as_py() is True), table.num_rows)
     mask = pc.fill_null(result, False)
-    return mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
+    if isinstance(mask, pa.ChunkedArray):
+        mask = mask.combine_chunks()
+    return cast(pa.BooleanArray, mask)

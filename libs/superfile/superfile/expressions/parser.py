@@ -58,7 +58,7 @@ from .nodes import (
     to_sql,
 )
 
-__all__ = ["parse", "temporal_micros"]
+__all__ = ["parse"]
 
 _DIALECT = Dialect.get_or_raise("duckdb")
 _CONTEXT = Context(prec=400)  # wide enough that folding and decimal casts never round
@@ -74,7 +74,7 @@ _COMPARISONS: dict[type[exp.Expression], str] = {
     exp.GTE: ">=",
 }
 _MIRROR = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
-_PY_OPS: dict[str, Callable[[object, object], bool]] = {
+_PY_OPS: dict[str, Callable[[Any, Any], bool]] = {
     "=": operator.eq,
     "<>": operator.ne,
     "<": operator.lt,
@@ -97,32 +97,22 @@ _FUNCTIONS: dict[type[exp.Expression], str] = {
 }
 _ALLOWED_FUNCTIONS = ", ".join(sorted(_FUNCTIONS.values()))
 
-_INT_CASTS: dict[exp.DataType.Type, tuple[int, int]] = {
-    exp.DataType.Type.TINYINT: (-(2**7), 2**7 - 1),
-    exp.DataType.Type.SMALLINT: (-(2**15), 2**15 - 1),
-    exp.DataType.Type.INT: (-(2**31), 2**31 - 1),
-    exp.DataType.Type.BIGINT: (-(2**63), 2**63 - 1),
-    exp.DataType.Type.INT128: (-(2**127), 2**127 - 1),
-    exp.DataType.Type.UTINYINT: (0, 2**8 - 1),
-    exp.DataType.Type.USMALLINT: (0, 2**16 - 1),
-    exp.DataType.Type.UINT: (0, 2**32 - 1),
-    exp.DataType.Type.UBIGINT: (0, 2**64 - 1),
-    exp.DataType.Type.UINT128: (0, 2**128 - 1),
+# CAST targets by sqlglot type name (names are stable across sqlglot versions).
+_INT_CASTS: dict[str, tuple[int, int]] = {
+    "TINYINT": (-(2**7), 2**7 - 1),
+    "SMALLINT": (-(2**15), 2**15 - 1),
+    "INT": (-(2**31), 2**31 - 1),
+    "BIGINT": (-(2**63), 2**63 - 1),
+    "INT128": (-(2**127), 2**127 - 1),
+    "UTINYINT": (0, 2**8 - 1),
+    "USMALLINT": (0, 2**16 - 1),
+    "UINT": (0, 2**32 - 1),
+    "UBIGINT": (0, 2**64 - 1),
+    "UINT128": (0, 2**128 - 1),
 }
-_STRING_CASTS = frozenset(
-    {exp.DataType.Type.VARCHAR, exp.DataType.Type.TEXT, exp.DataType.Type.CHAR, exp.DataType.Type.NVARCHAR}
-)
-_TIMESTAMP_CASTS = frozenset(
-    {
-        exp.DataType.Type.TIMESTAMP,
-        exp.DataType.Type.TIMESTAMPNTZ,
-        exp.DataType.Type.DATETIME,
-        exp.DataType.Type.TIMESTAMP_S,
-        exp.DataType.Type.TIMESTAMP_MS,
-        exp.DataType.Type.TIMESTAMP_NS,
-    }
-)
-_TIMESTAMPTZ_CASTS = frozenset({exp.DataType.Type.TIMESTAMPTZ, exp.DataType.Type.TIMESTAMPLTZ})
+_STRING_CASTS = frozenset({"VARCHAR", "TEXT", "CHAR", "NVARCHAR"})
+_TIMESTAMP_CASTS = frozenset({"TIMESTAMP", "TIMESTAMPNTZ", "DATETIME"})
+_TIMESTAMPTZ_CASTS = frozenset({"TIMESTAMPTZ", "TIMESTAMPLTZ"})
 
 
 def parse(where: str, schema: pa.Schema) -> Node:
@@ -138,7 +128,10 @@ def parse(where: str, schema: pa.Schema) -> Node:
         trees = sqlglot.parse(where, dialect=_DIALECT)
         if len(trees) != 1 or trees[0] is None:
             raise InvalidPredicateError(f"cannot parse predicate {where!r}: expected exactly one expression")
-        root = _Converter(schema).convert(trees[0])
+        tree = trees[0]
+        if not isinstance(tree, exp.Expression):
+            raise InvalidPredicateError(f"cannot parse predicate {where!r}: not an expression")
+        root = _Converter(schema).convert(tree)
     except (ParseError, TokenError) as e:
         raise InvalidPredicateError(f"cannot parse predicate {where!r}: {_parse_error_text(e)}") from None
     except RecursionError:
@@ -187,7 +180,7 @@ def _compare_clash(left: Node, right: Node) -> InvalidPredicateError:
 # --------------------------------------------------------------------------- domains
 
 
-def temporal_micros(v: object) -> Fraction | None:
+def _temporal_micros(v: object) -> Fraction | None:
     """Exact microseconds since the Unix epoch (naive values are UTC); None for non-temporal values."""
     if isinstance(v, dt.datetime):
         if v.tzinfo is not None:
@@ -214,7 +207,7 @@ def _numeric_key(scale: int) -> Callable[[object], Fraction | None]:
 
 def _temporal_key(micros_per_tick: Fraction) -> Callable[[object], Fraction | None]:
     def key(v: object) -> Fraction | None:
-        micros = temporal_micros(v)
+        micros = _temporal_micros(v)
         return None if micros is None else micros / micros_per_tick
 
     return key
@@ -383,12 +376,22 @@ def _fold_compare(op: str, a: LiteralValue, b: LiteralValue) -> bool | None:
     """Compare two literals as SQL would; Python's cross-type numeric comparisons are exact."""
     if a is None or b is None:
         return None
-    ka, kb = kind_of_value(a), kind_of_value(b)
-    if ka in TEMPORAL or kb in TEMPORAL:
-        left = temporal_micros(dt.datetime.fromisoformat(a) if isinstance(a, str) else a)
-        right = temporal_micros(dt.datetime.fromisoformat(b) if isinstance(b, str) else b)
-        return _PY_OPS[op](left, right)
+    if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
+        return op == "<>"  # IEEE: NaN is unequal and unordered (and Decimal refuses to compare with it)
+    if kind_of_value(a) in TEMPORAL or kind_of_value(b) in TEMPORAL:
+        return _PY_OPS[op](_literal_micros(a, b), _literal_micros(b, a))
     return _PY_OPS[op](a, b)
+
+
+def _literal_micros(v: LiteralValue, other: LiteralValue) -> Fraction | None:
+    if isinstance(v, str):
+        try:
+            v = dt.datetime.fromisoformat(v.strip())
+        except ValueError:
+            raise InvalidPredicateError(
+                f"cannot compare {literal_sql(v)} with {literal_sql(other)}: the string is not an ISO date or timestamp"
+            ) from None
+    return _temporal_micros(v)
 
 
 def _common_type(a: pa.DataType, b: pa.DataType, ka: Kind, kb: Kind) -> pa.DataType | None:
@@ -415,7 +418,8 @@ def _common_type(a: pa.DataType, b: pa.DataType, ka: Kind, kb: Kind) -> pa.DataT
         return b
     if kb is Kind.DATE:
         return a
-    finer = max(a.unit, b.unit, key=lambda u: -_TIMESTAMP_TICK[u])
+    assert isinstance(a, pa.TimestampType) and isinstance(b, pa.TimestampType)
+    finer = min(a.unit, b.unit, key=lambda u: _TIMESTAMP_TICK[u])
     return pa.timestamp(finer, a.tz or b.tz)
 
 
@@ -472,15 +476,13 @@ def _cast_literal(value: LiteralValue, to: exp.DataType) -> LiteralValue:
     """Fold ``CAST(literal AS type)``; the result keeps only what comparisons need (its value)."""
     if value is None:
         return None
-    target = to.this
+    target: str = to.this.name
     name = to.sql(dialect="duckdb")
     fail = f"cannot CAST {literal_sql(value)} AS {name}"
     try:
         if target in _INT_CASTS:
-            if isinstance(value, bool):
-                result: LiteralValue = int(value)
-            elif isinstance(value, int):
-                result = value
+            if isinstance(value, int):  # bool included
+                result = int(value)
             elif isinstance(value, Decimal | float):
                 result = _round_half_away(value)
             elif isinstance(value, str):
@@ -491,12 +493,12 @@ def _cast_literal(value: LiteralValue, to: exp.DataType) -> LiteralValue:
             if not lo <= result <= hi:
                 raise InvalidPredicateError(f"{fail}: out of range [{lo}, {hi}]")
             return result
-        if target in (exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT):
+        if target in ("DOUBLE", "FLOAT"):
             if isinstance(value, int | float | Decimal | str):
                 f = float(value.strip()) if isinstance(value, str) else float(value)
-                return _to_float32(f) if target is exp.DataType.Type.FLOAT else f
+                return _to_float32(f) if target == "FLOAT" else f
             raise InvalidPredicateError(fail)
-        if target is exp.DataType.Type.DECIMAL:
+        if target == "DECIMAL":
             return _cast_decimal(value, to, fail)
         if target in _STRING_CASTS:
             if isinstance(value, bool):
@@ -506,9 +508,9 @@ def _cast_literal(value: LiteralValue, to: exp.DataType) -> LiteralValue:
             if isinstance(value, dt.date):
                 return value.isoformat()
             return repr(value) if isinstance(value, float) else str(value)
-        if target is exp.DataType.Type.BOOLEAN:
+        if target == "BOOLEAN":
             return _cast_bool(value, fail)
-        if target is exp.DataType.Type.DATE:
+        if target == "DATE":
             if isinstance(value, dt.datetime):
                 return _naive_utc(value).date()
             if isinstance(value, dt.date):
@@ -723,10 +725,10 @@ class _Converter:
             v = operand.value
             assert v is None or isinstance(v, int | float | Decimal)
             return Literal(None if v is None else -v)
-        result = pa.int64() if operand.kind is Kind.INT else pa.float64()
         if operand.kind is Kind.FLOAT:
-            result = operand.dtype
-        return Negate(operand, result)
+            assert operand.dtype is not None
+            return Negate(operand, operand.dtype)
+        return Negate(operand, pa.int64() if operand.kind is Kind.INT else pa.float64())
 
     def _arith(self, op: str, left: Node, right: Node) -> Node:
         for side in (left, right):
@@ -787,10 +789,13 @@ class _Converter:
             return None
         if name == "abs":
             assert isinstance(v, int | float | Decimal)
-            return abs(v)
-        kernel = {"lower": pc.utf8_lower, "upper": pc.utf8_upper, "length": pc.utf8_length}[name]
-        result: LiteralValue = kernel(pa.scalar(v, pa.string())).as_py()
-        return result
+            return -v if v < 0 else v
+        assert isinstance(v, str)
+        arg = pa.scalar(v, pa.string())
+        if name == "length":
+            return int(pc.utf8_length(arg).as_py())
+        folded = pc.utf8_lower(arg) if name == "lower" else pc.utf8_upper(arg)
+        return str(folded.as_py())
 
     # ------------------------------------------------------------------ predicates
 

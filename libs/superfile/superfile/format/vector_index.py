@@ -276,13 +276,13 @@ class VectorIndex:
         pos = self._row_pos[rows].astype(np.int64) if self.kind == "ivf" else rows.astype(np.int64)
         return _Filter(pos, n)
 
-    def _search(
-        self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None
-    ) -> tuple[_Ints, _Floats]:
+    def _search(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
         if k == 0 or self.num_rows == 0 or (flt is not None and flt.m == 0):
             return np.empty(0, np.int64), np.empty(0, np.float32)
-        if flt is not None and flt.m <= self._brute_limit(nprobe, rerank):
-            return self._brute(q, k, flt.pos, rerank)
+        # few candidate rows (a selective filter, or a tiny file): scanning them all is cheaper
+        # than probing, and exact where a small HNSW graph can miss rows
+        if (self.num_rows if flt is None else flt.m) <= self._brute_limit(nprobe, rerank):
+            return self._brute(q, k, np.arange(self.num_rows) if flt is None else flt.pos, rerank)
         if self._hnsw is not None:
             return self._hnsw_search(q, k, rerank, flt)
         return self._ivf_search(q, k, nprobe, rerank, flt)
@@ -320,9 +320,7 @@ class VectorIndex:
                 dist[s : s + len(chunk)] = np.einsum("ij,ij->i", v, v)
             else:
                 dots = v @ q
-                dist[s : s + len(chunk)] = 1.0 - (
-                    dots / self._norms[chunk] if self.metric == "cosine" else dots
-                )
+                dist[s : s + len(chunk)] = 1.0 - (dots / self._norms[chunk] if self.metric == "cosine" else dots)
         rows = self._row_ids[pos].astype(np.int64) if self.kind == "ivf" else pos
         keep = _smallest(dist, k)
         order = keep[np.lexsort((rows[keep], dist[keep]))]
@@ -341,9 +339,7 @@ class VectorIndex:
         q8 = np.rint(w / np.float32(qscale)).astype(np.int8)
         return q8.reshape(1, -1), qscale
 
-    def _ivf_search(
-        self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None
-    ) -> tuple[_Ints, _Floats]:
+    def _ivf_search(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
         offsets = self._offsets
         # |q - c|^2 - |q|^2 (l2; dot in its augmented space), -2 q.c for unit centroids (cosine)
         order = np.argsort(self._bias - 2.0 * (self._lists @ q), kind="stable")
@@ -698,9 +694,7 @@ def _parse(mv: memoryview) -> tuple[_HeaderFields, dict[bytes, memoryview]]:
 
     if len(mv) < _HEADER.size:
         raise corrupt(f"blob is truncated ({len(mv)} bytes)")
-    magic, version, kind_code, metric_code, dim, nlist, n, radius, nprobe, rerank, count, _ = (
-        _HEADER.unpack_from(mv)
-    )
+    magic, version, kind_code, metric_code, dim, nlist, n, radius, nprobe, rerank, count, _ = _HEADER.unpack_from(mv)
     if magic != MAGIC:
         raise corrupt(f"has bad magic {bytes(magic)!r}")
     if version != FORMAT_VERSION:
