@@ -359,15 +359,18 @@ class VectorIndex:
             useful = np.cumsum(counts > 0)
             nlists = max(np.searchsorted(useful, nprobe), np.searchsorted(np.cumsum(counts), target)) + 1
             probes = order[:nlists][counts[:nlists] > 0]
+        probes = np.sort(probes)  # storage order: adjacent lists merge into one kernel call
         starts = offsets[probes]
         sizes = offsets[probes + 1] - starts
         total = int(sizes.sum())
         q8, qscale = self._quantized_query(q)
         packed = nk.dots_pack(q8)
         out = nk.empty((self.num_rows, 1), dtype="int32")  # uninitialised: only probed rows are read
-        for s, size in zip(starts.tolist(), sizes.tolist(), strict=True):
-            if size:
-                nk.dots_packed(self._codes, packed, out=out, start_row=s, end_row=s + size)
+        breaks = np.flatnonzero(starts[1:] != starts[:-1] + sizes[:-1]) + 1
+        first, last = np.r_[0, breaks], np.r_[breaks - 1, len(starts) - 1]
+        for s, e in zip(starts[first].tolist(), (starts[last] + sizes[last]).tolist(), strict=True):
+            if e > s:
+                nk.dots_packed(self._codes, packed, out=out, start_row=s, end_row=e)
         ends = np.cumsum(sizes)
         pos = np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - sizes), sizes)
         keys = self._keys(np.asarray(out).reshape(-1)[pos], qscale, pos)
