@@ -59,6 +59,9 @@ _CRC_MARKER = bytes([len(KEY_FOOTER_CRC)]) + KEY_FOOTER_CRC.encode() + b"\x18\x0
 _TAIL = struct.Struct("<I4s")
 
 
+IDS_SECTION = "ids"
+
+
 def fts_section(column: str) -> str:
     return f"fts/{column}"
 

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from superfile.errors import CorruptSuperfileError, UnknownColumnError
 from superfile.format.fulltext import FullTextIndex
 from superfile.format.layout import (
+    IDS_SECTION,
     Section,
     check_footer,
     footer_bounds,
@@ -164,6 +165,11 @@ class SuperfileReader:
                 index = FullTextIndex.from_blob(self.blob(section.name), path, tokenizer, source=self.name)
                 self._fulltext[column] = index
             return index
+
+    def ids(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """``_id`` of the given row offsets (default: all) from the raw id section: no Parquet decode."""
+        ids = np.frombuffer(self.blob(IDS_SECTION), dtype="<u8")
+        return ids if rows is None else ids[rows]
 
     def vector_index(self, column: str) -> VectorIndex:
         """The column's vector index over a zero-copy view of its blob."""

@@ -70,7 +70,7 @@ class VectorIndexParams:
     kind: str = "ivf"
     nlist: int | None = None  # IVF lists; None: n / max(sqrt(n), 64), i.e. 256 lists at 64k rows
     nprobe: int | None = None  # IVF lists probed by default; None: derived from nlist
-    rerank: int | None = None  # candidates rescored in float32; None: 40 (IVF), 96 (HNSW)
+    rerank: int | None = None  # candidates rescored in float32; None: 40 (IVF), 160 (HNSW)
     train_per_list: int = 32  # k-means sample: this many rows per list (at most n)
     train_iters: int = 8
     seed: int = 0
@@ -289,8 +289,8 @@ class VectorIndex:
 
     def _brute_limit(self, nprobe: int, rerank: int) -> int:
         """Allowed-row count up to which scanning those rows directly is the cheaper plan."""
-        if self.kind == "hnsw":  # vs. an oversampled graph search whose breadth grows as n/m
-            return max(4 * rerank, int(_HNSW_BRUTE_PER_SQRT_N * math.sqrt(self.num_rows)))
+        if self.kind == "hnsw":  # vs. a graph search whose breadth grows as n/m; scans cost ~dim
+            return max(4 * rerank, int(_HNSW_BRUTE_PER_SQRT_N * math.sqrt(self.num_rows * 384 / self.dim)))
         return int(_IVF_BRUTE_FACTOR * nprobe * self.num_rows / max(self.nlist, 1))
 
     def _brute(self, q: _Floats, k: int, pos: _Ints, rerank: int) -> tuple[_Ints, _Floats]:
@@ -388,16 +388,17 @@ class VectorIndex:
             keys = self._hnsw.search(q, want).keys.astype(np.int64)
             return self._rerank(q, keys, k)
         # the top k allowed rows sit among the nearest ~k*n/m rows: oversample by the inverse
-        # selectivity, widening until k allowed rows came back
+        # selectivity, widening until k allowed rows came back; a filter that excludes the
+        # query's neighbourhood ends in a direct scan once that is the cheaper of the two
         count = min(n, max(want, math.ceil(k * n / flt.m * _HNSW_OVERSAMPLE)))
         while True:
             keys = self._hnsw.search(q, count).keys.astype(np.int64)
             keys = keys[flt.mask[keys]]
             if len(keys) >= k or count >= n:
                 return self._rerank(q, keys, k)
-            if count * 4 >= n:
-                return self._brute(q, k, flt.pos, rerank)
             count *= 4
+            if count * _HNSW_VISIT_COST >= flt.m or count >= n:
+                return self._brute(q, k, flt.pos, rerank)
 
     @cached_property
     def _sizes(self) -> _Ints:
@@ -410,10 +411,11 @@ class VectorIndex:
 
 # Search tuning constants (measured, see docs/vector-index.md).
 _IVF_RERANK: Final = 40
-_HNSW_RERANK: Final = 96
+_HNSW_RERANK: Final = 160
 _IVF_BRUTE_FACTOR: Final = 1.0  # scan allowed rows directly when fewer than this x the default probe scans
 _HNSW_BRUTE_PER_SQRT_N: Final = 24.0
-_HNSW_OVERSAMPLE: Final = 4.0
+_HNSW_OVERSAMPLE: Final = 2.0
+_HNSW_VISIT_COST: Final = 16  # a graph candidate costs about as much as scanning this many rows
 _GATHER_CHUNK: Final = 1024  # rows per gather when scanning scattered rows
 _FILTER_EXPONENT: Final = 0.75
 

@@ -31,6 +31,7 @@ from superfile.format.fulltext import INDEX_OPTION, TOKENIZERS, FullTextBlob, bu
 from superfile.format.layout import (
     CRC_PLACEHOLDER,
     FORMAT,
+    IDS_SECTION,
     KEY_FOOTER_CRC,
     KEY_FORMAT,
     KEY_SECTIONS,
@@ -77,6 +78,9 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
         blobs.append((info, fts.blob))
     for column, vspec in spec.vector_columns.items():
         blobs.append(_vector_blob(data.column(column), column, vspec))
+    # _id again as raw little-endian u64: search results resolve ids with a zero-copy view, no Parquet decode
+    ids = np.asarray(data.column(ID_COLUMN).to_numpy(), dtype="<u8")
+    blobs.append(({"name": IDS_SECTION, "kind": "u64le"}, ids.tobytes()))
 
     parquet_columns = [ID_COLUMN] + [
         c for c in data.column_names if c != ID_COLUMN and c not in spec.vector_columns
