@@ -22,9 +22,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap
 
@@ -39,8 +41,8 @@ K = 10
 
 
 def embeddings(path: Path) -> np.ndarray:
-    col = pq.read_table(path, columns=["embedding"]).column("embedding").combine_chunks()
-    return np.asarray(col.flatten(), dtype=np.float32).reshape(len(col), -1)
+    col = pq.read_table(path, columns=["embedding"]).column("embedding")
+    return np.asarray(pc.list_flatten(col), dtype=np.float32).reshape(len(col), -1)
 
 
 def vaswani(rows: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -79,11 +81,14 @@ def exact_top(x_unit: np.ndarray, queries_unit: np.ndarray, rows: np.ndarray | N
     return out
 
 
-def timed(search: Callable[[np.ndarray], np.ndarray], queries: np.ndarray, repeat: int) -> tuple[float, list]:
+def timed(
+    search: Callable[[np.ndarray], np.ndarray], queries: np.ndarray, repeat: int
+) -> tuple[float, list[np.ndarray]]:
     """p50 latency (us) over ``repeat`` passes, and the results of the last pass."""
     for q in queries[:10]:
         search(q)
-    times, results = [], []
+    times: list[float] = []
+    results: list[np.ndarray] = []
     for _ in range(repeat):
         results = []
         for q in queries:
@@ -93,18 +98,22 @@ def timed(search: Callable[[np.ndarray], np.ndarray], queries: np.ndarray, repea
     return float(np.median(times) * 1e6), results
 
 
-def recall(results: list, truth: list[set[int]]) -> float:
+def recall(results: list[np.ndarray], truth: list[set[int]]) -> float:
     return float(np.mean([len(set(np.asarray(r).tolist()) & t) / len(t) for r, t in zip(results, truth, strict=True)]))
 
 
 def allow_sets(x_unit: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
     rng = np.random.default_rng(1)
-    direction = unit(rng.standard_normal(x_unit.shape[1]).astype(np.float32))
+    direction = unit(rng.standard_normal((x_unit.shape[1],), dtype=np.float32))
     ranked = np.argsort(-(x_unit @ direction))
     for fraction in (0.001, 0.01, 0.1, 0.5):
         m = max(K, int(fraction * len(x_unit)))
         yield f"uniform {fraction:.1%}", np.sort(rng.choice(len(x_unit), m, replace=False))
         yield f"halfspace {fraction:.1%}", np.sort(ranked[:m])
+
+
+def top_rows(index: VectorIndex, q: np.ndarray, nprobe: int | None = None, allow: BitMap | None = None) -> np.ndarray:
+    return index.search(q, K, nprobe=nprobe, allow=allow)[0]
 
 
 def row(*cells: object) -> None:
@@ -129,7 +138,7 @@ def bench(name: str, x: np.ndarray, queries: np.ndarray, kinds: list[str], filte
             t = time.perf_counter()
             index = VectorIndex.from_buffer(blob)
             opens.append(time.perf_counter() - t)
-        p50, results = timed(lambda q, index=index: index.search(q, K)[0], queries, repeat)
+        p50, results = timed(partial(top_rows, index), queries, repeat)
         label = f"{kind} (nlist {index.nlist}, nprobe {index.default_nprobe})" if kind == "ivf" else kind
         row(
             label,
@@ -141,13 +150,13 @@ def bench(name: str, x: np.ndarray, queries: np.ndarray, kinds: list[str], filte
         )
         if kind == "ivf":
             for nprobe in sorted({max(1, index.default_nprobe // 2), index.default_nprobe * 2}):
-                p50, results = timed(lambda q, index=index, p=nprobe: index.search(q, K, nprobe=p)[0], queries, 1)
+                p50, results = timed(partial(top_rows, index, nprobe=nprobe), queries, 1)
                 row(f"  nprobe={nprobe}", "", "", "", f"{p50:.0f}", f"{recall(results, truth):.4f}")
         if filtered:
             for label, rows in allow_sets(x_unit):
                 allow = BitMap(rows.tolist())
                 want = exact_top(x_unit, q_unit, rows)
-                p50, results = timed(lambda q, index=index, a=allow: index.search(q, K, allow=a)[0], queries, 1)
+                p50, results = timed(partial(top_rows, index, allow=allow), queries, 1)
                 row(f"  {kind} {label}", "", "", "", f"{p50:.0f}", f"{recall(results, want):.4f}")
 
 

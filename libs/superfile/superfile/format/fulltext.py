@@ -42,6 +42,7 @@ from superfile.errors import CorruptSuperfileError, InvalidOptionError
 
 __all__ = [
     "TOKENIZERS",
+    "CorpusStats",
     "FullTextBlob",
     "FullTextIndex",
     "build_fulltext",
@@ -103,6 +104,15 @@ def _schema(tokenizer: str) -> tantivy.Schema:
     )
     sb.add_unsigned_field(HASH_FIELD, indexed=True)
     return sb.build()
+
+
+@dataclass(frozen=True)
+class CorpusStats:
+    """Table-wide BM25 statistics of one full-text column, summed over superfiles by the table."""
+
+    num_docs: int  # N: rows of all superfiles (deleted rows included, as in Lucene until merge)
+    total_tokens: int  # sum of analysed document lengths over all rows (avgdl = total_tokens / num_docs)
+    doc_freq: Mapping[str, int]  # df per analysed term, summed over superfiles
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any, Final, cast
 import numkong as nk
 import numpy as np
 import numpy.typing as npt
-from pyroaring import BitMap
+from pyroaring import AbstractBitMap
 from usearch.index import Index as UsearchIndex
 
 from superfile.errors import (
@@ -182,7 +182,7 @@ class VectorIndex:
         *,
         nprobe: int | None = None,
         rerank: int | None = None,
-        allow: BitMap | None = None,
+        allow: AbstractBitMap | None = None,
     ) -> tuple[_Ints, _Floats]:
         """The ``k`` nearest rows among ``allow`` (all rows if None), nearest first.
 
@@ -202,7 +202,7 @@ class VectorIndex:
         *,
         nprobe: int | None = None,
         rerank: int | None = None,
-        allow: BitMap | None = None,
+        allow: AbstractBitMap | None = None,
     ) -> tuple[_Ints, _Floats]:
         """Batched :meth:`search`: (rows (m, k) padded with -1, distances (m, k) padded with inf).
 
@@ -262,11 +262,11 @@ class VectorIndex:
             q = q / np.float32(norm)
         return np.ascontiguousarray(q)
 
-    def _filter(self, allow: BitMap | None) -> _Filter | None:
+    def _filter(self, allow: AbstractBitMap | None) -> _Filter | None:
         if allow is None:
             return None
-        if not isinstance(allow, BitMap):
-            raise InvalidOptionError(f"allow must be a pyroaring.BitMap, got {type(allow).__name__}")
+        if not isinstance(allow, AbstractBitMap):
+            raise InvalidOptionError(f"allow must be a pyroaring (Frozen)BitMap, got {type(allow).__name__}")
         n = self.num_rows
         m = allow.range_cardinality(0, n) if n else 0
         if m == n and n:

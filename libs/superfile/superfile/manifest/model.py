@@ -148,6 +148,8 @@ class SuperfileEntry:
     partition: str | None
     added_version: int
     deletes: DeletionRef | None = None
+    fts_tokens: dict[str, int] = field(default_factory=dict)  # per full-text column: total analysed length
+
 
     @property
     def live_rows(self) -> int:
@@ -167,6 +169,7 @@ class SuperfileEntry:
             "partition": self.partition,
             "added_version": self.added_version,
             "deletes": None if self.deletes is None else [self.deletes.path, self.deletes.count],
+            "fts_tokens": self.fts_tokens,
         }
 
     @classmethod
@@ -186,6 +189,7 @@ class SuperfileEntry:
             partition=d["partition"],
             added_version=d["added_version"],
             deletes=None if dels is None else DeletionRef(dels[0], dels[1]),
+            fts_tokens=d.get("fts_tokens", {}),
         )
 
 

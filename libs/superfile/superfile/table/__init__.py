@@ -13,6 +13,7 @@ from superfile.errors import ReadOnlyTableError, UnknownColumnError, VersionNotF
 from superfile.expressions import parse_predicate
 from superfile.manifest.model import HistoryEntry, ManifestList, Pointer
 from superfile.options import TableOptions
+from superfile.table.search import Searcher
 from superfile.table.snapshot import Snapshot, TableFiles
 from superfile.table.writer import Transaction
 
@@ -167,6 +168,53 @@ class Supertable:
     def count_rows(self, where: str | None = None) -> int:
         snap = self._current()
         return snap.count(parse_predicate(where, snap.schema) if where is not None else None)
+
+    # -- search -------------------------------------------------------------------
+    def bm25_search(
+        self, column: str, query: str, k: int = 10, *, mode: str = "any", projection: list[str] | None = None
+    ) -> pa.Table:
+        """BM25 top-k over a full-text column with table-wide statistics, highest score first.
+        ``mode`` "any" matches rows with any query term, "all" only rows with every term."""
+        return Searcher(self._current()).bm25_search(column, query, k, mode, projection)
+
+    def bm25_search_prefix(
+        self, column: str, prefix: str, k: int = 10, *, projection: list[str] | None = None
+    ) -> pa.Table:
+        """BM25 top-k where the query is expanded as a term prefix (the most frequent expansions)."""
+        return Searcher(self._current()).bm25_search_prefix(column, prefix, k, projection)
+
+    def token_match(
+        self, column: str, tokens: str | list[str], mode: str = "and", *, projection: list[str] | None = None
+    ) -> pa.Table:
+        """Every row containing all (``and``) or any (``or``) of the tokens: unranked, score null."""
+        return Searcher(self._current()).token_match(column, tokens, mode, projection)
+
+    def exact_match(self, column: str, value: str, *, projection: list[str] | None = None) -> pa.Table:
+        """Every row whose stored value equals ``value`` exactly (index-pruned, then compared raw)."""
+        return Searcher(self._current()).exact_match(column, value, projection)
+
+    def vector_search(
+        self,
+        column: str,
+        vector: Any,
+        k: int = 10,
+        *,
+        nprobe: int | None = None,
+        rerank: int | None = None,
+        filter: dict[str, str] | None = None,  # noqa: A002 - the spec's name for the text predicate
+        where: str | None = None,
+        projection: list[str] | None = None,
+    ) -> pa.Table:
+        """k nearest rows by the column's metric, nearest first (score = distance).
+
+        ``filter`` ({"column", "query", "mode"}) and ``where`` (a SQL predicate)
+        restrict the candidates inside the ranking: the k returned are the
+        nearest rows that satisfy them. ``nprobe`` (clusters probed) and
+        ``rerank`` (exactly re-scored candidates) trade recall for speed.
+        """
+        return Searcher(self._current()).vector_search(
+            column, vector, k, nprobe=nprobe, rerank=rerank, text_filter=filter, where=where, projection=projection
+        )
 
     # -- writes -------------------------------------------------------------------
     def transaction(self) -> Transaction:

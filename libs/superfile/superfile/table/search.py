@@ -1,0 +1,405 @@
+"""Search over a snapshot: prune superfiles from manifest summaries, search the rest in parallel, merge.
+
+Every search is the spec's fan-out: (1) start from the pinned manifest,
+(2) skip superfiles the summaries prove irrelevant (term bloom filters, term
+ranges, scalar min/max, vector centroid and radius), always conservatively,
+(3) run the per-superfile kernel on the query pool, (4) merge into one ranked
+result, then resolve hits (superfile, row offset) to ``_id`` and the projected
+columns. Result schemas carry per-query counts in their metadata
+(``superfile.superfiles``, ``superfile.pruned``, ``superfile.searched``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyroaring
+
+from superfile.errors import InvalidInputError, InvalidOptionError, InvalidVectorError, UnknownColumnError, VectorDimensionError
+from superfile.expressions import Predicate, parse_predicate
+from superfile.format.fulltext import CorpusStats, FullTextIndex
+from superfile.manifest.model import SuperfileEntry
+from superfile.schema import ID, SCORE
+from superfile.table.snapshot import Snapshot
+
+__all__ = ["Searcher", "MAX_K", "MAX_PREFIX_TERMS"]
+
+MAX_K = 10_000
+MAX_PREFIX_TERMS = 64
+
+
+@dataclass
+class _Hits:
+    """Hits of one superfile: row offsets and scores (None for unranked results)."""
+
+    entry: SuperfileEntry
+    offsets: np.ndarray
+    scores: np.ndarray | None
+
+
+def _check_k(k: object) -> int:
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= int(k) <= MAX_K:
+        raise InvalidOptionError(f"k must be an integer between 1 and {MAX_K}, got {k!r}")
+    return int(k)
+
+
+def _mode(mode: str, allowed: Sequence[str]) -> str:
+    if mode not in allowed:
+        raise InvalidOptionError(f"mode must be one of {tuple(allowed)}, got {mode!r}")
+    return mode
+
+
+class Searcher:
+    """All searches of one call, against one snapshot."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snap = snapshot
+        self.options = snapshot.manifest.options
+        self.total = 0
+        self.searched = 0
+
+    # -- validation ------------------------------------------------------------------
+    def _fts_column(self, column: str) -> str:
+        if column not in self.options.fts_columns:
+            raise UnknownColumnError(
+                f"{column!r} is not a full-text column; full-text columns: {sorted(self.options.fts_columns)}"
+            )
+        return column
+
+    def _vector_column(self, column: str) -> str:
+        if column not in self.options.vector_columns:
+            raise UnknownColumnError(
+                f"{column!r} is not a vector column; vector columns: {sorted(self.options.vector_columns)}"
+            )
+        return column
+
+    def _projection(self, projection: Sequence[str] | None) -> list[str]:
+        names = self.snap.schema.names
+        if projection is None:
+            return [n for n in names if n != ID]
+        if isinstance(projection, str):
+            raise InvalidInputError("projection must be a list of column names")
+        unknown = [c for c in projection if c not in names and c != SCORE]
+        if unknown:
+            raise UnknownColumnError(f"unknown columns in projection: {unknown}; the table has {names}")
+        return [c for c in projection if c not in (ID, SCORE)]
+
+    def _query_vector(self, column: str, vector: Any) -> np.ndarray:
+        dim = self.options.vector_columns[column].dim
+        try:
+            q = np.asarray(vector, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise InvalidVectorError(f"query vector for {column!r} must be a list of numbers") from None
+        if q.ndim != 1 or q.shape[0] != dim:
+            raise VectorDimensionError(f"query vector for {column!r} must have {dim} values, got shape {q.shape}")
+        if not np.isfinite(q).all():
+            raise InvalidVectorError(f"query vector for {column!r} has NaN or infinite values")
+        if self.options.vector_columns[column].metric == "cosine" and not np.any(q):
+            raise InvalidVectorError(f"a zero query vector has no direction under {column!r}'s cosine metric")
+        return q
+
+    # -- helpers ---------------------------------------------------------------------
+    def _live(self, entry: SuperfileEntry) -> pyroaring.AbstractBitMap | None:
+        """Rows not deleted, or None when none are (so kernels can skip filtering)."""
+        deleted = self.snap.deleted(entry)
+        if not len(deleted):
+            return None
+        return pyroaring.BitMap(deleted).flip(0, entry.rows)
+
+    def _fulltext(self, entry: SuperfileEntry, column: str) -> FullTextIndex:
+        return self.snap.files.open(entry).fulltext(column)
+
+    def _analyze(self, column: str, text: str) -> list[str]:
+        """Analyse with the column's tokenizer (any superfile's analyzer is the same one)."""
+        from superfile.format.fulltext import make_analyzer
+
+        return list(make_analyzer(self.options.fts_columns[column]).analyze(text))
+
+    def _entries(self, where: Predicate | None = None) -> list[SuperfileEntry]:
+        entries = self.snap.entries(where)
+        self.total = self.snap.manifest.superfile_count
+        return entries
+
+    def _run(self, fn: Any, entries: Sequence[SuperfileEntry]) -> list[Any]:
+        self.searched = len(entries)
+        return self.snap.map(fn, entries)
+
+    def _result(self, hits: list[_Hits], k: int | None, descending: bool, projection: Sequence[str] | None) -> pa.Table:
+        cols = self._projection(projection)
+        ranked = [h for h in hits if len(h.offsets)]
+        which = np.concatenate([np.full(len(h.offsets), i) for i, h in enumerate(ranked)]) if ranked else np.zeros(0, int)
+        offsets = np.concatenate([h.offsets for h in ranked]) if ranked else np.zeros(0, np.int64)
+        ids = np.concatenate([self.snap.files.open(h.entry).ids(h.offsets) for h in ranked]) if ranked else np.zeros(0, np.uint64)
+        scores: np.ndarray | None = None
+        if ranked and ranked[0].scores is not None:
+            scores = np.concatenate([h.scores for h in ranked if h.scores is not None]).astype(np.float32)
+            key = -scores if descending else scores
+            order = np.lexsort((ids, key))[:k]
+        else:
+            order = np.argsort(ids, kind="stable")[:k] if k is not None else np.argsort(ids, kind="stable")
+        columns: dict[str, pa.Array | pa.ChunkedArray] = {
+            ID: pa.array(ids[order], pa.uint64()),
+            SCORE: pa.array(scores[order], pa.float32()) if scores is not None else pa.nulls(len(order), pa.float32()),
+        }
+        if cols:
+            pieces: list[pa.Table] = []
+            positions: list[np.ndarray] = []
+            chosen_which = which[order]
+            for i, h in enumerate(ranked):
+                pos = np.flatnonzero(chosen_which == i)
+                if len(pos):
+                    pieces.append(self.snap.read_rows(h.entry, offsets[order][pos], cols))
+                    positions.append(pos)
+            if pieces:
+                table = pa.concat_tables(pieces)
+                back = np.argsort(np.concatenate(positions), kind="stable")
+                table = table.take(pa.array(back))
+            else:
+                table = pa.schema([self.snap.schema.field(c) for c in cols]).empty_table()
+            for c in cols:
+                columns[c] = table.column(c)
+        fields = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float32())]
+        fields += [self.snap.schema.field(c) for c in cols]
+        meta = {
+            "superfile.version": str(self.snap.version),
+            "superfile.superfiles": str(self.total),
+            "superfile.pruned": str(self.total - self.searched),
+            "superfile.searched": str(self.searched),
+        }
+        return pa.Table.from_arrays(list(columns.values()), schema=pa.schema(fields, metadata=meta))
+
+    # -- full-text -----------------------------------------------------------------
+    def _term_candidates(self, column: str, terms: list[str], mode: str) -> list[SuperfileEntry]:
+        """Superfiles whose bloom filters say they may hold the terms (all of them for mode "all")."""
+        keep = []
+        for e in self._entries():
+            summary = e.text.get(column)
+            if summary is None or summary.bloom is None:
+                keep.append(e)
+                continue
+            present = summary.bloom.might_contain_many(terms)
+            if present.all() if mode == "all" else present.any():
+                keep.append(e)
+        return keep
+
+    def _corpus_stats(self, column: str, terms: list[str], candidates: list[SuperfileEntry]) -> CorpusStats:
+        """Table-wide BM25 statistics: N and total length from the manifest, df from the candidate files
+        (a pruned file's bloom filter proved df = 0 there)."""
+        entries = self.snap.entries()
+        num_docs = sum(e.rows for e in entries)
+        total_tokens = sum(e.fts_tokens.get(column, 0) for e in entries)
+
+        def freqs(e: SuperfileEntry) -> list[int]:
+            fts = self._fulltext(e, column)
+            return [fts.doc_freq(t) for t in terms]
+
+        df = np.zeros(len(terms), np.int64)
+        for row in self.snap.map(freqs, candidates):
+            df += np.asarray(row, np.int64)
+        return CorpusStats(num_docs, total_tokens, dict(zip(terms, df.tolist(), strict=True)))
+
+    def bm25(self, column: str, terms: list[str], k: int, mode: str, projection: Sequence[str] | None) -> pa.Table:
+        terms = list(dict.fromkeys(terms))
+        if not terms:
+            return self._result([], k, True, projection)
+        candidates = self._term_candidates(column, terms, mode)
+        stats = self._corpus_stats(column, terms, candidates)
+        if mode == "all" and min(stats.doc_freq.values(), default=0) == 0:
+            candidates = []
+
+        def one(e: SuperfileEntry) -> _Hits:
+            rows, scores = self._fulltext(e, column).search_global(terms, k, stats, mode=mode, allow=self._live(e))
+            return _Hits(e, rows, scores)
+
+        return self._result(self._run(one, candidates), k, True, projection)
+
+    def bm25_search(
+        self, column: str, query: str, k: int, mode: str, projection: Sequence[str] | None
+    ) -> pa.Table:
+        self._fts_column(column)
+        k = _check_k(k)
+        mode = _mode(mode, ("any", "all"))
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError("query must be a non-empty string")
+        return self.bm25(column, self._analyze(column, query), k, mode, projection)
+
+    def bm25_search_prefix(self, column: str, prefix: str, k: int, projection: Sequence[str] | None) -> pa.Table:
+        """BM25 over the terms the prefix expands to (at most MAX_PREFIX_TERMS, most frequent table-wide)."""
+        self._fts_column(column)
+        k = _check_k(k)
+        if not isinstance(prefix, str) or not prefix.strip():
+            raise InvalidInputError("prefix must be a non-empty string")
+        tokens = self._analyze(column, prefix) if self.options.fts_columns[column] != "english" else None
+        # stemming would cut the prefix ("aerodyn" -> "aerodyn" but "flutter" -> "flutter"): lowercase instead
+        p = tokens[-1] if tokens else prefix.strip().split()[-1].lower()
+        entries = []
+        for e in self._entries():
+            s = e.text.get(column)
+            if s is None or s.min_term is None or s.max_term is None:
+                continue
+            if s.max_term >= p and (s.min_term < p or s.min_term.startswith(p)):
+                entries.append(e)
+        counts: dict[str, int] = {}
+        for found in self.snap.map(lambda e: self._fulltext(e, column).searcher.terms_with_prefix("text", p), entries):
+            for term, n in found:
+                counts[term] = counts.get(term, 0) + n
+        terms = [t for t, _ in sorted(counts.items(), key=lambda tc: (-tc[1], tc[0]))[:MAX_PREFIX_TERMS]]
+        return self.bm25(column, terms, k, "any", projection)
+
+    def token_match(self, column: str, tokens: str | Sequence[str], mode: str, projection: Sequence[str] | None) -> pa.Table:
+        self._fts_column(column)
+        mode = {"and": "all", "or": "any", "all": "all", "any": "any"}.get(_mode(mode, ("and", "or", "all", "any")), mode)
+        words = [tokens] if isinstance(tokens, str) else list(tokens)
+        terms = list(dict.fromkeys(t for w in words for t in self._analyze(column, w)))
+        if not terms:
+            raise InvalidInputError("token_match needs at least one token that the column's tokenizer keeps")
+        candidates = self._term_candidates(column, terms, mode)
+
+        def one(e: SuperfileEntry) -> _Hits:
+            rows = self._fulltext(e, column).match(terms, "and" if mode == "all" else "or")
+            live = self._live(e)
+            if live is not None:
+                rows &= live
+            return _Hits(e, np.fromiter(rows, np.int64, len(rows)), None)
+
+        return self._result(self._run(one, candidates), None, True, projection)
+
+    def exact_match(self, column: str, value: str, projection: Sequence[str] | None) -> pa.Table:
+        """Two passes: the index prunes to candidate rows, a raw string comparison decides."""
+        self._fts_column(column)
+        if not isinstance(value, str):
+            raise InvalidInputError("exact_match value must be a string")
+        where = parse_predicate(f"{_quote_ident(column)} = {_quote_literal(value)}", self.snap.schema)
+        terms = self._analyze(column, value)
+        candidates = [e for e in self._entries(where)]
+        if terms:
+            bloom_ok = set(id(e) for e in self._term_candidates(column, terms, "all"))
+            candidates = [e for e in candidates if id(e) in bloom_ok]
+
+        def one(e: SuperfileEntry) -> _Hits:
+            rows = self._fulltext(e, column).match_exact(value)
+            live = self._live(e)
+            if live is not None:
+                rows &= live
+            offsets = np.fromiter(rows, np.int64, len(rows))
+            if len(offsets):
+                text = self.snap.files.open(e).read([column], rows=offsets).column(column).to_pylist()
+                offsets = offsets[np.asarray([t == value for t in text], bool)]
+            return _Hits(e, offsets, None)
+
+        return self._result(self._run(one, candidates), None, True, projection)
+
+    # -- vectors -----------------------------------------------------------------------
+    def _allowed(self, e: SuperfileEntry, text_filter: Mapping[str, Any] | None, where: Predicate | None) -> pyroaring.AbstractBitMap | None:
+        allow = self._live(e)
+        if text_filter is not None:
+            column, terms, mode = text_filter["column"], text_filter["terms"], text_filter["mode"]
+            matched = self._fulltext(e, column).match(terms, "and" if mode == "all" else "or")
+            allow = matched if allow is None else (matched & allow)
+        if where is not None:
+            offsets = self.snap.matching_offsets(e, where)
+            matched = pyroaring.BitMap(offsets.astype(np.uint32).tolist())
+            allow = matched if allow is None else (matched & allow)
+        return allow
+
+    def vector_search(
+        self,
+        column: str,
+        vector: Any,
+        k: int,
+        *,
+        nprobe: int | None,
+        rerank: int | None,
+        text_filter: Mapping[str, Any] | None,
+        where: str | None,
+        projection: Sequence[str] | None,
+    ) -> pa.Table:
+        self._vector_column(column)
+        k = _check_k(k)
+        q = self._query_vector(column, vector)
+        predicate = parse_predicate(where, self.snap.schema) if where is not None else None
+        tf: dict[str, Any] | None = None
+        if text_filter is not None:
+            if not isinstance(text_filter, Mapping) or not {"column", "query"} <= set(text_filter):
+                raise InvalidInputError('filter must be {"column": ..., "query": ..., "mode": "any"|"all"}')
+            fcol = self._fts_column(text_filter["column"])
+            fmode = _mode(text_filter.get("mode", "any"), ("any", "all"))
+            fterms = list(dict.fromkeys(self._analyze(fcol, str(text_filter["query"]))))
+            if not fterms:
+                raise InvalidInputError("the text filter's query has no indexable terms")
+            tf = {"column": fcol, "terms": fterms, "mode": fmode}
+        entries = self._entries(predicate)
+        if tf is not None:
+            allowed_ids = {id(e) for e in self._term_candidates(tf["column"], tf["terms"], tf["mode"])}
+            entries = [e for e in entries if id(e) in allowed_ids]
+        metric = self.options.vector_columns[column].metric
+        entries = _route(entries, column, q, metric)
+
+        def one(e: SuperfileEntry) -> _Hits:
+            allow = self._allowed(e, tf, predicate)
+            if allow is not None and not len(allow):
+                return _Hits(e, np.zeros(0, np.int64), np.zeros(0, np.float32))
+            index = self.snap.files.open(e).vector_index(column)
+            rows, dist = index.search(q, k, nprobe=nprobe, rerank=rerank, allow=allow)
+            return _Hits(e, np.asarray(rows, np.int64), np.asarray(dist, np.float32))
+
+        hits: list[_Hits] = []
+        searched = 0
+        wave = max(2, len(entries) and math.ceil(len(entries) / 4))
+        remaining = entries
+        while remaining:
+            batch, remaining = remaining[:wave], remaining[wave:]
+            hits.extend(self.snap.map(one, batch))
+            searched += len(batch)
+            kth = _kth(hits, k)
+            if kth is not None and metric != "dot":
+                remaining = [e for e in remaining if _lower_bound(e, column, q, metric) <= kth]
+        self.searched = searched
+        return self._result(hits, k, False, projection)
+
+
+def _geometry(q: np.ndarray, metric: str) -> np.ndarray:
+    if metric == "cosine":
+        n = float(np.linalg.norm(q))
+        return q / n if n else q
+    return q
+
+
+def _lower_bound(e: SuperfileEntry, column: str, q: np.ndarray, metric: str) -> float:
+    """Smallest distance any vector of the superfile can have to q (from its centroid and radius)."""
+    s = e.vectors.get(column)
+    if s is None:
+        return 0.0
+    gap = max(0.0, float(np.linalg.norm(_geometry(q, metric) - s.centroid)) - s.radius)
+    gap = max(0.0, gap * (1 - 1e-5) - 1e-6)  # float32 slack: stay conservative
+    return gap * gap / 2 if metric == "cosine" else gap * gap
+
+
+def _route(entries: list[SuperfileEntry], column: str, q: np.ndarray, metric: str) -> list[SuperfileEntry]:
+    """Nearest superfiles first, so early results can prune the rest."""
+    if metric == "dot":
+        return sorted(entries, key=lambda e: -float(np.dot(q, e.vectors[column].centroid)) if column in e.vectors else 0.0)
+    return sorted(entries, key=lambda e: _lower_bound(e, column, q, metric))
+
+
+def _kth(hits: list[_Hits], k: int) -> float | None:
+    scores = [h.scores for h in hits if h.scores is not None and len(h.scores)]
+    if not scores:
+        return None
+    allscores = np.concatenate(scores)
+    if len(allscores) < k:
+        return None
+    return float(np.partition(allscores, k - 1)[k - 1])
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _quote_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"

@@ -1,0 +1,214 @@
+"""Search on the supertable: token/exact match against brute force, vector kNN (filtered), pruning, errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import superfile
+from superfile.errors import InvalidInputError, InvalidOptionError, InvalidVectorError, UnknownColumnError, VectorDimensionError
+from superfile.format.fulltext import make_analyzer
+
+HERE = Path(__file__).resolve().parent
+CRANFIELD = HERE.parents[2] / "examples" / "data" / "cranfield"
+
+
+def fresh(name: str = "t") -> superfile.Connection:
+    return superfile.connect(f"memory://{name}-{os.urandom(6).hex()}")
+
+
+@pytest.fixture(scope="module")
+def cranfield() -> pa.Table:
+    return pq.read_table(CRANFIELD / "docs.parquet")
+
+
+@pytest.fixture(scope="module")
+def cran_table(cranfield: pa.Table) -> superfile.Supertable:
+    """Cranfield in 7 superfiles (7 commits of 200 rows), with 30 rows deleted."""
+    db = fresh("cran")
+    t = db.create_table(
+        "docs",
+        cranfield.schema,
+        fts_columns=["title", "text"],
+        vector_columns={"embedding": {"dim": 384, "metric": "cosine"}},
+    )
+    for a in range(0, cranfield.num_rows, 200):
+        t.append(cranfield.slice(a, 200))
+    t.delete("id % 47 = 0")
+    return t
+
+
+def exact_knn(vectors: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
+    v = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    d = 1 - v @ (q / np.linalg.norm(q))
+    return np.argsort(d, kind="stable")[:k]
+
+
+# -- vector search ---------------------------------------------------------------------------------
+def test_vector_search_recall_and_shape(cran_table: superfile.Supertable, cranfield: pa.Table) -> None:
+    live = cran_table.to_arrow(columns=["_id", "embedding"])
+    ids = np.asarray(live.column("_id").to_numpy())
+    vectors = np.asarray(live.column("embedding").combine_chunks().values.to_numpy(), np.float32).reshape(-1, 384)
+    queries = pq.read_table(CRANFIELD / "queries.parquet").column("embedding").to_pylist()[:50]
+    recalls = []
+    for q in queries:
+        got = cran_table.vector_search("embedding", q, k=10, projection=["_id", "score"])
+        assert got.column_names == ["_id", "score"]
+        scores = got.column("score").to_numpy()
+        assert np.all(np.diff(scores) >= 0)  # nearest first
+        truth = set(ids[exact_knn(vectors, np.asarray(q, np.float32), 10)].tolist())
+        recalls.append(len(truth & set(got.column("_id").to_pylist())) / 10)
+    assert np.mean(recalls) >= 0.95
+    full = cran_table.vector_search("embedding", queries[0], k=3)
+    assert full.column_names == ["_id", "score", "id", "title", "author", "source", "text", "embedding"]
+    meta = full.schema.metadata
+    assert int(meta[b"superfile.superfiles"]) == 7
+
+
+@pytest.mark.parametrize("fraction", [0.001, 0.01, 0.1, 0.5])
+def test_filtered_vector_search_is_exact(fraction: float, cranfield: pa.Table) -> None:
+    """Real embeddings (Cranfield, repeated with noise to 14k rows); the filter keeps ``fraction`` of rows."""
+    rng = np.random.default_rng(5)
+    base = np.asarray(cranfield.column("embedding").combine_chunks().values.to_numpy(), np.float32).reshape(-1, 384)
+    vectors = np.concatenate([base + rng.normal(0, 0.02, base.shape).astype(np.float32) for _ in range(10)])
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    n = len(vectors)
+    label = np.where(rng.random(n) < fraction, "rare", "common")
+    table = pa.table(
+        {
+            "label": label,
+            "body": np.where(label == "rare", "alpha beta", "gamma delta"),
+            "v": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 384),
+        }
+    )
+    t = fresh("filt").create_table(
+        "t", table.schema, fts_columns=["body"], vector_columns={"v": {"dim": 384, "metric": "cosine"}},
+        max_rows_per_superfile=4000,
+    )
+    t.append(table)
+    allowed = np.flatnonzero(label == "rare")
+    queries = pq.read_table(CRANFIELD / "queries.parquet").column("embedding").to_pylist()[:10]
+    recalls = []
+    for q in queries:
+        qv = np.asarray(q, np.float32)
+        truth = set(allowed[exact_knn(vectors[allowed], qv, 10)].tolist())
+        by_text = t.vector_search("v", q, k=10, filter={"column": "body", "query": "alpha", "mode": "any"})
+        by_where = t.vector_search("v", q, k=10, where="label = 'rare'", projection=["label"])
+        assert set(by_where.column("label").to_pylist()) <= {"rare"}
+        for got in (by_text, by_where):
+            assert got.num_rows == min(10, len(allowed))
+            recalls.append(len(truth & set(got.column("_id").to_pylist())) / max(1, min(10, len(truth))))
+    assert np.mean(recalls) >= 0.95
+
+
+def test_vector_bad_input(cran_table: superfile.Supertable) -> None:
+    good = [0.1] * 384
+    with pytest.raises(InvalidVectorError):
+        cran_table.vector_search("embedding", [0.0] * 384)
+    with pytest.raises(VectorDimensionError):
+        cran_table.vector_search("embedding", [0.1] * 3)
+    with pytest.raises(InvalidVectorError):
+        cran_table.vector_search("embedding", [float("nan")] + good[1:])
+    with pytest.raises(UnknownColumnError):
+        cran_table.vector_search("title", good)
+    for k in (0, -1, 10**9, 2.5):
+        with pytest.raises(InvalidOptionError):
+            cran_table.vector_search("embedding", good, k=k)  # type: ignore[arg-type]
+    with pytest.raises(UnknownColumnError):
+        cran_table.vector_search("embedding", good, projection=["nope"])
+
+
+# -- token and exact match -------------------------------------------------------------------------
+def test_pruning_searches_only_the_superfile_holding_the_term() -> None:
+    t = fresh("prune").create_table("t", pa.schema([("body", pa.string())]), fts_columns=["body"])
+    for i in range(12):
+        t.append({"body": [f"common words shard{i} row{j}" for j in range(20)]})
+    t.append({"body": ["common zyxwvut appears only here"]})
+    got = t.token_match("body", "zyxwvut")
+    meta = got.schema.metadata
+    assert got.num_rows == 1
+    assert int(meta[b"superfile.searched"]) == 1 and int(meta[b"superfile.pruned"]) == 12
+    assert int(t.token_match("body", "common").schema.metadata[b"superfile.searched"]) == 13
+    exact = t.exact_match("body", "common zyxwvut appears only here")
+    assert exact.num_rows == 1 and int(exact.schema.metadata[b"superfile.searched"]) == 1
+
+
+WORDS = ["apple", "apples", "banana", "cherry", "the", "a", "Über", "naïve", "x-ray", "co-op", "42"]
+texts = st.one_of(
+    st.none(),
+    st.just(""),
+    st.lists(st.sampled_from(WORDS), min_size=1, max_size=6).map(" ".join),
+    st.lists(st.sampled_from(WORDS), min_size=1, max_size=3).map(lambda ws: ", ".join(ws) + "!"),
+)
+
+
+def _brute_tokens(rows: list[tuple[int, str | None]], tokens: list[str], mode: str, tok: str) -> set[int]:
+    an = make_analyzer(tok)
+    want = {t for w in tokens for t in an.analyze(w)}
+    out = set()
+    for _id, text in rows:
+        if text is None:
+            continue
+        have = set(an.analyze(text))
+        if (want <= have) if mode == "and" else bool(want & have):
+            out.add(_id)
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    batches=st.lists(st.lists(texts, min_size=1, max_size=12), min_size=1, max_size=4),
+    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=3),
+    mode=st.sampled_from(["and", "or"]),
+    tokenizer=st.sampled_from(["english", "simple", "whitespace"]),
+    delete_mod=st.integers(2, 5),
+    update_text=texts,
+)
+def test_token_and_exact_match_equal_brute_force(
+    batches: list[list[str | None]],
+    query: list[str],
+    mode: str,
+    tokenizer: str,
+    delete_mod: int,
+    update_text: str | None,
+) -> None:
+    t = fresh("prop").create_table(
+        "t", pa.schema([("n", pa.int64()), ("body", pa.string())]), fts_columns={"body": tokenizer}
+    )
+    n = 0
+    for b in batches:
+        t.append({"n": list(range(n, n + len(b))), "body": b})
+        n += len(b)
+    t.delete(f"n % {delete_mod} = 1")
+    if n > 2:
+        t.update("n = 2", {"n": [2], "body": [update_text]})
+    rows_table = t.to_arrow(columns=["_id", "body"])
+    rows = list(zip(rows_table.column("_id").to_pylist(), rows_table.column("body").to_pylist(), strict=True))
+    an = make_analyzer(tokenizer)
+    if any(an.analyze(w) for w in query):
+        got = set(t.token_match("body", query, mode).column("_id").to_pylist())
+        assert got == _brute_tokens(rows, query, mode, tokenizer)
+    else:
+        with pytest.raises(InvalidInputError):
+            t.token_match("body", query, mode)
+    for value in {r[1] for r in rows if r[1] is not None} | {" ".join(query)}:
+        got = set(t.exact_match("body", value).column("_id").to_pylist())
+        assert got == {i for i, text in rows if text == value}
+
+
+def test_token_match_shape_and_errors(cran_table: superfile.Supertable) -> None:
+    got = cran_table.token_match("title", ["boundary", "layer"], "and", projection=["title"])
+    assert got.column_names == ["_id", "score", "title"]
+    assert got.column("score").null_count == got.num_rows
+    assert all("boundary" in t.lower() and "layer" in t.lower() for t in got.column("title").to_pylist())
+    with pytest.raises(UnknownColumnError):
+        cran_table.token_match("author", ["x"])
+    with pytest.raises(InvalidOptionError):
+        cran_table.token_match("title", ["x"], "xor")
