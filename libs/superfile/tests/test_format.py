@@ -75,9 +75,7 @@ def path(built: BuiltSuperfile, tmp_path_factory: pytest.TempPathFactory) -> str
 
 @pytest.fixture(scope="module")
 def reader(path: str, tmp_path_factory: pytest.TempPathFactory) -> SuperfileReader:
-    return SuperfileReader.open(
-        path, name="cranfield.parquet", cache_dir=str(tmp_path_factory.mktemp("cache"))
-    )
+    return SuperfileReader.open(path, name="cranfield.parquet", cache_dir=str(tmp_path_factory.mktemp("cache")))
 
 
 def expected_parquet(data: pa.Table) -> pa.Table:
@@ -247,9 +245,7 @@ TEXTS = st.lists(
         st.none(),
         st.just(""),
         st.text(alphabet=st.sampled_from(list("ab cA.,!-'é日\t")), max_size=12),
-        st.sampled_from(
-            ["Hello, World!", "hello world", "HELLO", "naïve café", "x_y-z", "  ", "日本語 テキスト"]
-        ),
+        st.sampled_from(["Hello, World!", "hello world", "HELLO", "naïve café", "x_y-z", "  ", "日本語 テキスト"]),
     ),
     min_size=1,
     max_size=30,
@@ -306,9 +302,7 @@ def test_several_segments_are_handled(monkeypatch: pytest.MonkeyPatch, tmp_path:
         assert set(many.match_exact(texts[row])) == {row}
         r1, s1 = one.search(terms, 10)
         r2, s2 = many.search(terms, 10)
-        assert dict(zip(r1.tolist(), s1.tolist(), strict=True)) == dict(
-            zip(r2.tolist(), s2.tolist(), strict=True)
-        )
+        assert dict(zip(r1.tolist(), s1.tolist(), strict=True)) == dict(zip(r2.tolist(), s2.tolist(), strict=True))
     assert many.avg_len == pytest.approx(one.avg_len)
     assert sorted(many.prefix_terms("w1")) == sorted(one.prefix_terms("w1"))
     assert many.prefix_terms("w1", limit=5) == one.prefix_terms("w1", limit=5)
@@ -389,9 +383,7 @@ def test_truncated_file_is_detected(built: BuiltSuperfile, tmp_path: Path) -> No
 
 
 def test_expected_footer_crc(built: BuiltSuperfile, tmp_path: Path) -> None:
-    SuperfileReader.open(
-        built.data, name="x", cache_dir=str(tmp_path), expected_footer_crc32=built.footer_crc32
-    )
+    SuperfileReader.open(built.data, name="x", cache_dir=str(tmp_path), expected_footer_crc32=built.footer_crc32)
     with pytest.raises(CorruptSuperfileError, match="manifest"):
         SuperfileReader.open(
             built.data, name="x", cache_dir=str(tmp_path), expected_footer_crc32=built.footer_crc32 ^ 1
@@ -437,11 +429,7 @@ def test_parallel_builds(data: pa.Table, built: BuiltSuperfile) -> None:
     with ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(lambda _: build_superfile(part, spec), range(4)))
     want = sorted(
-        {
-            t
-            for text in part.column("text").to_pylist()
-            for t in fulltext.make_analyzer("english").analyze(text)
-        }
+        {t for text in part.column("text").to_pylist() for t in fulltext.make_analyzer("english").analyze(text)}
     )
     assert all(o.terms["text"] == want for o in outs)
     plain = part.select(["_id", "title", "author", "text", "embedding", "source"])  # no vector spec: a column
@@ -459,13 +447,9 @@ def test_build_validation(data: pa.Table) -> None:
     with pytest.raises(InvalidOptionError):
         build_superfile(small, SuperfileSpec(fts_columns={"_id": "english"}, vector_columns={}))
     with pytest.raises(VectorDimensionError):
-        build_superfile(
-            small, SuperfileSpec(fts_columns={}, vector_columns={"embedding": VectorColumnSpec(8, "l2")})
-        )
+        build_superfile(small, SuperfileSpec(fts_columns={}, vector_columns={"embedding": VectorColumnSpec(8, "l2")}))
     with pytest.raises(SchemaMismatchError):
-        build_superfile(
-            small, SuperfileSpec(fts_columns={}, vector_columns={"title": VectorColumnSpec(8, "l2")})
-        )
+        build_superfile(small, SuperfileSpec(fts_columns={}, vector_columns={"title": VectorColumnSpec(8, "l2")}))
 
 
 def test_tantivy_is_what_we_think(reader: SuperfileReader) -> None:

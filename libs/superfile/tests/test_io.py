@@ -34,9 +34,7 @@ BAD_KEYS = ["../x", "/x", "a/../b", "", "./a", "a//b", "a\\b", "a\0b", "a/"]
 
 
 def _s3_uri(bucket: str, endpoint: str, prefix: str = "p", **options: object) -> str:
-    query = "&".join(
-        f"{k}={quote(str(v), safe='')}" for k, v in {"endpoint_url": endpoint, **options}.items()
-    )
+    query = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in {"endpoint_url": endpoint, **options}.items())
     return f"s3://{bucket}/{prefix}?{query}"
 
 
@@ -194,9 +192,7 @@ def test_processes_racing_write_if_match(tmp_path: Path) -> None:
     etag = from_uri(uri).write("head", b"start")
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(RACERS), ctx.Queue()
-    procs = [
-        ctx.Process(target=_cas_in_process, args=(uri, etag, i, barrier, results)) for i in range(RACERS)
-    ]
+    procs = [ctx.Process(target=_cas_in_process, args=(uri, etag, i, barrier, results)) for i in range(RACERS)]
     for proc in procs:
         proc.start()
     try:
@@ -319,9 +315,7 @@ def test_s3_create_bucket(s3_endpoint: str) -> None:
 
 
 def test_s3_multipart_write(s3_endpoint: str, s3_bucket: str) -> None:
-    store = from_uri(
-        _s3_uri(s3_bucket, s3_endpoint, multipart_threshold=5 * MiB, multipart_chunk_size=5 * MiB)
-    )
+    store = from_uri(_s3_uri(s3_bucket, s3_endpoint, multipart_threshold=5 * MiB, multipart_chunk_size=5 * MiB))
     data = os.urandom(12 * MiB)
     etag = store.write("big.bin", data)
     assert etag.startswith('"') and etag.endswith('-3"'), etag  # three parts: 5 + 5 + 2 MiB

@@ -9,11 +9,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import superfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import superfile
-from superfile.errors import InvalidInputError, InvalidOptionError, InvalidVectorError, UnknownColumnError, VectorDimensionError
+from superfile.errors import (
+    InvalidInputError,
+    InvalidOptionError,
+    InvalidVectorError,
+    UnknownColumnError,
+    VectorDimensionError,
+)
 from superfile.format.fulltext import make_analyzer
 
 HERE = Path(__file__).resolve().parent
@@ -89,7 +94,10 @@ def test_filtered_vector_search_is_exact(fraction: float, cranfield: pa.Table) -
         }
     )
     t = fresh("filt").create_table(
-        "t", table.schema, fts_columns=["body"], vector_columns={"v": {"dim": 384, "metric": "cosine"}},
+        "t",
+        table.schema,
+        fts_columns=["body"],
+        vector_columns={"v": {"dim": 384, "metric": "cosine"}},
         max_rows_per_superfile=4000,
     )
     t.append(table)
@@ -115,7 +123,7 @@ def test_vector_bad_input(cran_table: superfile.Supertable) -> None:
     with pytest.raises(VectorDimensionError):
         cran_table.vector_search("embedding", [0.1] * 3)
     with pytest.raises(InvalidVectorError):
-        cran_table.vector_search("embedding", [float("nan")] + good[1:])
+        cran_table.vector_search("embedding", [float("nan"), *good[1:]])
     with pytest.raises(UnknownColumnError):
         cran_table.vector_search("title", good)
     for k in (0, -1, 10**9, 2.5):

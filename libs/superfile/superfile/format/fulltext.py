@@ -99,9 +99,7 @@ def _analyzer_name(tokenizer: str) -> str:
 def _schema(tokenizer: str) -> tantivy.Schema:
     sb = tantivy.SchemaBuilder()
     sb.add_unsigned_field(ROW_FIELD, indexed=True, fast=True)
-    sb.add_text_field(
-        TEXT_FIELD, stored=False, tokenizer_name=_analyzer_name(tokenizer), index_option=INDEX_OPTION
-    )
+    sb.add_text_field(TEXT_FIELD, stored=False, tokenizer_name=_analyzer_name(tokenizer), index_option=INDEX_OPTION)
     sb.add_unsigned_field(HASH_FIELD, indexed=True)
     return sb.build()
 
@@ -125,9 +123,7 @@ class FullTextBlob:
     avg_len: float
 
 
-def build_fulltext(
-    values: pa.Array | pa.ChunkedArray, tokenizer: str, *, work_dir: str | None = None
-) -> FullTextBlob:
+def build_fulltext(values: pa.Array | pa.ChunkedArray, tokenizer: str, *, work_dir: str | None = None) -> FullTextBlob:
     """Index one text column; document i is row offset i. Uses one writer thread and one commit."""
     analyzer = make_analyzer(tokenizer)
     tmp = tempfile.mkdtemp(prefix="sf-fts-", dir=work_dir)
@@ -184,9 +180,7 @@ def _unpack_directory(blob: memoryview) -> list[tuple[str, int, int]]:
         if pos + _PACK_ENTRY.size > len(blob):
             raise ValueError("full-text blob directory is truncated")
         name_len, size = _PACK_ENTRY.unpack_from(blob, pos)
-        name = bytes(blob[pos + _PACK_ENTRY.size : pos + _PACK_ENTRY.size + name_len]).decode(
-            "utf-8", "replace"
-        )
+        name = bytes(blob[pos + _PACK_ENTRY.size : pos + _PACK_ENTRY.size + name_len]).decode("utf-8", "replace")
         pos += _PACK_ENTRY.size + name_len
         if not name or "/" in name or "\\" in name or name.startswith("."):
             raise ValueError(f"full-text blob names an unsafe file {name!r}")

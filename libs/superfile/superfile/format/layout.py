@@ -134,9 +134,7 @@ def check_footer(buf: memoryview, footer_start: int, name: str) -> int:
     footer = buf[footer_start:]
     at = crc_value_offset(footer)
     if at < 0:
-        raise CorruptSuperfileError(
-            name, f"footer lacks its {KEY_FOOTER_CRC} entry: damaged or not a superfile"
-        )
+        raise CorruptSuperfileError(name, f"footer lacks its {KEY_FOOTER_CRC} entry: damaged or not a superfile")
     try:
         expected = int(bytes(footer[at : at + len(CRC_PLACEHOLDER)]), 16)
     except ValueError:
@@ -160,9 +158,7 @@ def parse_directory(
         raise corrupt(f"footer lacks {KEY_FORMAT}={FORMAT!r}: not a superfile")
     version = kv.get(KEY_VERSION.encode(), b"")
     if version != str(VERSION).encode():
-        raise corrupt(
-            f"unsupported {KEY_VERSION} {version.decode(errors='replace')!r} (this reader: {VERSION})"
-        )
+        raise corrupt(f"unsupported {KEY_VERSION} {version.decode(errors='replace')!r} (this reader: {VERSION})")
     try:
         directory = json.loads(kv[KEY_SECTIONS.encode()])
         num_rows = _nonneg(directory["num_rows"])
@@ -183,15 +179,11 @@ def parse_directory(
     except (KeyError, TypeError, ValueError) as e:
         raise corrupt(f"bad section directory: {e!r}") from None
     if data_end + blob_len != footer_start:
-        raise corrupt(
-            f"directory puts the footer at {data_end + blob_len}, the file has it at {footer_start}"
-        )
+        raise corrupt(f"directory puts the footer at {data_end + blob_len}, the file has it at {footer_start}")
     expect = 0
     for s in sections.values():
         if s.offset != expect:
-            raise corrupt(
-                f"section {s.name!r} at {s.offset}, expected {expect} (sections must be contiguous)"
-            )
+            raise corrupt(f"section {s.name!r} at {s.offset}, expected {expect} (sections must be contiguous)")
         expect += s.length
     data = sections.get("data")
     if data is None or data.offset != 0 or data.length != data_end or expect != footer_start:

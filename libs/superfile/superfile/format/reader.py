@@ -99,9 +99,7 @@ class SuperfileReader:
             raise CorruptSuperfileError(name, f"Parquet footer does not parse: {e}") from None
         num_rows, directory, sections = parse_directory(metadata.metadata, footer_start, name)
         if num_rows != metadata.num_rows:
-            raise CorruptSuperfileError(
-                name, f"directory says {num_rows} rows, Parquet footer {metadata.num_rows}"
-            )
+            raise CorruptSuperfileError(name, f"directory says {num_rows} rows, Parquet footer {metadata.num_rows}")
         if verify:
             for s in sections.values():
                 actual = zlib.crc32(view[s.offset : s.offset + s.length])
@@ -131,9 +129,7 @@ class SuperfileReader:
             return pf.read(columns=cols)
         offsets = np.asarray(rows)
         if offsets.ndim != 1 or (offsets.size and not np.issubdtype(offsets.dtype, np.integer)):
-            raise TypeError(
-                f"rows must be a 1-d array of integer row offsets, got {offsets.dtype}{offsets.shape}"
-            )
+            raise TypeError(f"rows must be a 1-d array of integer row offsets, got {offsets.dtype}{offsets.shape}")
         offsets = offsets.astype(np.int64, copy=False)
         if offsets.size == 0:
             return pf.schema_arrow.empty_table().select(cols)

@@ -82,18 +82,14 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
     ids = np.asarray(data.column(ID_COLUMN).to_numpy(), dtype="<u8")
     blobs.append(({"name": IDS_SECTION, "kind": "u64le"}, ids.tobytes()))
 
-    parquet_columns = [ID_COLUMN] + [
-        c for c in data.column_names if c != ID_COLUMN and c not in spec.vector_columns
-    ]
+    parquet_columns = [ID_COLUMN] + [c for c in data.column_names if c != ID_COLUMN and c not in spec.vector_columns]
     table = data.select(parquet_columns)
     meta = {k: v for k, v in (table.schema.metadata or {}).items() if not k.startswith(b"superfile.")}
     table = table.replace_schema_metadata(meta or None)
 
     sink = io.BytesIO()
     try:
-        writer = pq.ParquetWriter(
-            sink, table.schema, compression=cast(Any, spec.compression)
-        )  # checked by pyarrow
+        writer = pq.ParquetWriter(sink, table.schema, compression=cast(Any, spec.compression))  # checked by pyarrow
     except (ValueError, pa.ArrowException) as e:
         raise InvalidOptionError(f"cannot write Parquet with compression {spec.compression!r}: {e}") from None
     try:
@@ -168,17 +164,13 @@ def _entry(section: Section, info: dict[str, object]) -> dict[str, object]:
     }
 
 
-def _vector_blob(
-    column: pa.ChunkedArray, name: str, vspec: VectorColumnSpec
-) -> tuple[dict[str, object], bytes]:
+def _vector_blob(column: pa.ChunkedArray, name: str, vspec: VectorColumnSpec) -> tuple[dict[str, object], bytes]:
     """The vector index blob of one column: non-null, ``dim`` floats each (the index checks values)."""
     arr = cast(pa.FixedSizeListArray, column.combine_chunks())
     if not pa.types.is_fixed_size_list(arr.type) or not pa.types.is_floating(arr.type.value_type):
         raise SchemaMismatchError(f"vector column {name!r} must be fixed_size_list<float>, got {arr.type}")
     if arr.type.list_size != vspec.dim:
-        raise VectorDimensionError(
-            f"vector column {name!r} has dimension {arr.type.list_size}, expected {vspec.dim}"
-        )
+        raise VectorDimensionError(f"vector column {name!r} has dimension {arr.type.list_size}, expected {vspec.dim}")
     if arr.null_count:
         raise InvalidVectorError(f"vector column {name!r} has {arr.null_count} null vectors")
     flat = arr.flatten()
@@ -222,6 +214,5 @@ def _validate(data: pa.Table, spec: SuperfileSpec) -> None:
             raise SchemaMismatchError(f"full-text column {c!r} must be a string column, got {t}")
     if spec.row_group_size < 1 or spec.row_group_bytes < 1:
         raise InvalidOptionError(
-            f"row_group_size and row_group_bytes must be >= 1, "
-            f"got {spec.row_group_size} and {spec.row_group_bytes}"
+            f"row_group_size and row_group_bytes must be >= 1, got {spec.row_group_size} and {spec.row_group_bytes}"
         )

@@ -137,9 +137,7 @@ class LocalStorage:
         with self._errors(path), open(target, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if offset + length > size:
-                raise ShortReadError(
-                    f"{self.uri}: {path!r} has {size} bytes, asked for {length} at offset {offset}"
-                )
+                raise ShortReadError(f"{self.uri}: {path!r} has {size} bytes, asked for {length} at offset {offset}")
             chunks = []
             got = 0
             while got < length:
@@ -193,9 +191,7 @@ class LocalStorage:
                     with open(target, "rb") as f:
                         current = _etag(f.read())
                     if current != etag:
-                        raise PreconditionFailedError(
-                            f"{self.uri}: {path!r} changed (etag {etag!r} is stale)"
-                        )
+                        raise PreconditionFailedError(f"{self.uri}: {path!r} changed (etag {etag!r} is stale)")
                     os.replace(tmp, target)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -224,9 +220,7 @@ class LocalStorage:
             rel_dir = "" if rel_dir == "." else rel_dir + "/"
             # Only descend where keys can still start with the prefix.
             dirnames[:] = [
-                d
-                for d in dirnames
-                if (rel_dir + d + "/").startswith(prefix) or prefix.startswith(rel_dir + d + "/")
+                d for d in dirnames if (rel_dir + d + "/").startswith(prefix) or prefix.startswith(rel_dir + d + "/")
             ]
             for name in filenames:
                 rel = rel_dir + name

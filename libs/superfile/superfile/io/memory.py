@@ -87,9 +87,7 @@ class MemoryStorage:
         check_range(offset, length)
         data = self._get(path).data
         if offset + length > len(data):
-            raise ShortReadError(
-                f"{self.uri}: {path!r} has {len(data)} bytes, asked for {length} at offset {offset}"
-            )
+            raise ShortReadError(f"{self.uri}: {path!r} has {len(data)} bytes, asked for {length} at offset {offset}")
         return data[offset : offset + length]
 
     def size(self, path: str) -> int:

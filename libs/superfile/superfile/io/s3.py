@@ -241,9 +241,7 @@ class S3Storage:
             return b""
 
         def attempt() -> bytes:
-            resp = self._client.get_object(
-                Bucket=self._bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}"
-            )
+            resp = self._client.get_object(Bucket=self._bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
             body = resp["Body"].read()
             match = _CONTENT_RANGE.fullmatch(resp.get("ContentRange", ""))
             if match is None:  # the server sent the whole object
@@ -255,8 +253,7 @@ class S3Storage:
                 total = int(match.group(3)) if match.group(3) != "*" else offset + length
             if total < offset + length:
                 raise ShortReadError(
-                    f"S3 range {self._where(path)}: object has {total} bytes, "
-                    f"asked for {length} at offset {offset}"
+                    f"S3 range {self._where(path)}: object has {total} bytes, asked for {length} at offset {offset}"
                 )
             if len(body) != length:
                 raise _TruncatedBody(f"got {len(body)} of {length} bytes")
@@ -290,9 +287,9 @@ class S3Storage:
     def _write_multipart(self, key: str, data: bytes) -> str:
         """Upload fixed-size parts in parallel; abort the upload if anything fails."""
         chunk = max(self._chunk, -(-len(data) // _MAX_PARTS))
-        upload_id = self._client.create_multipart_upload(
-            Bucket=self._bucket, Key=key, ChecksumAlgorithm="CRC32"
-        )["UploadId"]
+        upload_id = self._client.create_multipart_upload(Bucket=self._bucket, Key=key, ChecksumAlgorithm="CRC32")[
+            "UploadId"
+        ]
 
         def upload(number: int, start: int) -> dict[str, Any]:
             resp = self._client.upload_part(
@@ -327,9 +324,7 @@ class S3Storage:
 
     def write_if_absent(self, path: str, data: bytes) -> str:
         with self._errors("conditional PUT", path):
-            resp = self._client.put_object(
-                Bucket=self._bucket, Key=self._key(path), Body=data, IfNoneMatch="*"
-            )
+            resp = self._client.put_object(Bucket=self._bucket, Key=self._key(path), Body=data, IfNoneMatch="*")
         return resp["ETag"]
 
     def write_if_match(self, path: str, data: bytes, etag: str) -> str:
@@ -347,9 +342,7 @@ class S3Storage:
         check_prefix(prefix)
         base = f"{self._prefix}/" if self._prefix else ""
         with self._errors("LIST", prefix or "."):
-            pages = self._client.get_paginator("list_objects_v2").paginate(
-                Bucket=self._bucket, Prefix=base + prefix
-            )
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self._bucket, Prefix=base + prefix)
             for page in pages:
                 for obj in page.get("Contents", []):
                     yield ObjectInfo(obj["Key"][len(base) :], obj["Size"], obj["LastModified"].timestamp())

@@ -150,7 +150,6 @@ class SuperfileEntry:
     deletes: DeletionRef | None = None
     fts_tokens: dict[str, int] = field(default_factory=dict)  # per full-text column: total analysed length
 
-
     @property
     def live_rows(self) -> int:
         return self.rows - (self.deletes.count if self.deletes else 0)

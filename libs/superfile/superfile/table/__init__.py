@@ -201,7 +201,7 @@ class Supertable:
         *,
         nprobe: int | None = None,
         rerank: int | None = None,
-        filter: dict[str, str] | None = None,  # noqa: A002 - the spec's name for the text predicate
+        filter: dict[str, str] | None = None,
         where: str | None = None,
         projection: list[str] | None = None,
     ) -> pa.Table:

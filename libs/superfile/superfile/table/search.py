@@ -20,14 +20,20 @@ import numpy as np
 import pyarrow as pa
 import pyroaring
 
-from superfile.errors import InvalidInputError, InvalidOptionError, InvalidVectorError, UnknownColumnError, VectorDimensionError
+from superfile.errors import (
+    InvalidInputError,
+    InvalidOptionError,
+    InvalidVectorError,
+    UnknownColumnError,
+    VectorDimensionError,
+)
 from superfile.expressions import Predicate, parse_predicate
 from superfile.format.fulltext import CorpusStats, FullTextIndex
 from superfile.manifest.model import SuperfileEntry
 from superfile.schema import ID, SCORE
 from superfile.table.snapshot import Snapshot
 
-__all__ = ["Searcher", "MAX_K", "MAX_PREFIX_TERMS"]
+__all__ = ["MAX_K", "MAX_PREFIX_TERMS", "Searcher"]
 
 MAX_K = 10_000
 MAX_PREFIX_TERMS = 64
@@ -130,48 +136,54 @@ class Searcher:
         return self.snap.map(fn, entries)
 
     def _result(self, hits: list[_Hits], k: int | None, descending: bool, projection: Sequence[str] | None) -> pa.Table:
+        """Merge per-superfile hits into one ranking (ties: ``_id``), resolve ids and projected columns."""
         cols = self._projection(projection)
         ranked = [h for h in hits if len(h.offsets)]
-        which = np.concatenate([np.full(len(h.offsets), i) for i, h in enumerate(ranked)]) if ranked else np.zeros(0, int)
+        which = (
+            np.concatenate([np.full(len(h.offsets), i) for i, h in enumerate(ranked)]) if ranked else np.zeros(0, int)
+        )
         offsets = np.concatenate([h.offsets for h in ranked]) if ranked else np.zeros(0, np.int64)
-        ids = np.concatenate([self.snap.files.open(h.entry).ids(h.offsets) for h in ranked]) if ranked else np.zeros(0, np.uint64)
-        scores: np.ndarray | None = None
+        ids = (
+            np.concatenate([self.snap.files.open(h.entry).ids(h.offsets) for h in ranked])
+            if ranked
+            else np.zeros(0, np.uint64)
+        )
+        scores = None
         if ranked and ranked[0].scores is not None:
             scores = np.concatenate([h.scores for h in ranked if h.scores is not None]).astype(np.float32)
-            key = -scores if descending else scores
-            order = np.lexsort((ids, key))[:k]
+            order = np.lexsort((ids, -scores if descending else scores))[:k]
         else:
-            order = np.argsort(ids, kind="stable")[:k] if k is not None else np.argsort(ids, kind="stable")
-        columns: dict[str, pa.Array | pa.ChunkedArray] = {
-            ID: pa.array(ids[order], pa.uint64()),
-            SCORE: pa.array(scores[order], pa.float32()) if scores is not None else pa.nulls(len(order), pa.float32()),
-        }
+            order = np.argsort(ids, kind="stable")[:k]
+        arrays: list[pa.Array | pa.ChunkedArray] = [
+            pa.array(ids[order], pa.uint64()),
+            pa.array(scores[order], pa.float32()) if scores is not None else pa.nulls(len(order), pa.float32()),
+        ]
         if cols:
-            pieces: list[pa.Table] = []
-            positions: list[np.ndarray] = []
-            chosen_which = which[order]
-            for i, h in enumerate(ranked):
-                pos = np.flatnonzero(chosen_which == i)
-                if len(pos):
-                    pieces.append(self.snap.read_rows(h.entry, offsets[order][pos], cols))
-                    positions.append(pos)
-            if pieces:
-                table = pa.concat_tables(pieces)
-                back = np.argsort(np.concatenate(positions), kind="stable")
-                table = table.take(pa.array(back))
-            else:
-                table = pa.schema([self.snap.schema.field(c) for c in cols]).empty_table()
-            for c in cols:
-                columns[c] = table.column(c)
+            table = self._rows(ranked, which[order], offsets[order], cols)
+            arrays += [table.column(c) for c in cols]
         fields = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float32())]
         fields += [self.snap.schema.field(c) for c in cols]
-        meta = {
+        meta: dict[bytes | str, bytes | str] = {
             "superfile.version": str(self.snap.version),
             "superfile.superfiles": str(self.total),
             "superfile.pruned": str(self.total - self.searched),
             "superfile.searched": str(self.searched),
         }
-        return pa.Table.from_arrays(list(columns.values()), schema=pa.schema(fields, metadata=meta))
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=meta))
+
+    def _rows(self, ranked: list[_Hits], which: np.ndarray, offsets: np.ndarray, cols: list[str]) -> pa.Table:
+        """Projected columns of the chosen hits in rank order: read superfile by superfile, then put back."""
+        pieces: list[pa.Table] = []
+        positions: list[np.ndarray] = []
+        for i, h in enumerate(ranked):
+            pos = np.flatnonzero(which == i)
+            if len(pos):
+                pieces.append(self.snap.read_rows(h.entry, offsets[pos], cols))
+                positions.append(pos)
+        if not pieces:
+            return pa.schema([self.snap.schema.field(c) for c in cols]).empty_table()
+        back = np.argsort(np.concatenate(positions), kind="stable")
+        return pa.concat_tables(pieces).take(back)
 
     # -- full-text -----------------------------------------------------------------
     def _term_candidates(self, column: str, terms: list[str], mode: str) -> list[SuperfileEntry]:
@@ -218,9 +230,7 @@ class Searcher:
 
         return self._result(self._run(one, candidates), k, True, projection)
 
-    def bm25_search(
-        self, column: str, query: str, k: int, mode: str, projection: Sequence[str] | None
-    ) -> pa.Table:
+    def bm25_search(self, column: str, query: str, k: int, mode: str, projection: Sequence[str] | None) -> pa.Table:
         self._fts_column(column)
         k = _check_k(k)
         mode = _mode(mode, ("any", "all"))
@@ -251,9 +261,13 @@ class Searcher:
         terms = [t for t, _ in sorted(counts.items(), key=lambda tc: (-tc[1], tc[0]))[:MAX_PREFIX_TERMS]]
         return self.bm25(column, terms, k, "any", projection)
 
-    def token_match(self, column: str, tokens: str | Sequence[str], mode: str, projection: Sequence[str] | None) -> pa.Table:
+    def token_match(
+        self, column: str, tokens: str | Sequence[str], mode: str, projection: Sequence[str] | None
+    ) -> pa.Table:
         self._fts_column(column)
-        mode = {"and": "all", "or": "any", "all": "all", "any": "any"}.get(_mode(mode, ("and", "or", "all", "any")), mode)
+        mode = {"and": "all", "or": "any", "all": "all", "any": "any"}.get(
+            _mode(mode, ("and", "or", "all", "any")), mode
+        )
         words = [tokens] if isinstance(tokens, str) else list(tokens)
         terms = list(dict.fromkeys(t for w in words for t in self._analyze(column, w)))
         if not terms:
@@ -295,7 +309,9 @@ class Searcher:
         return self._result(self._run(one, candidates), None, True, projection)
 
     # -- vectors -----------------------------------------------------------------------
-    def _allowed(self, e: SuperfileEntry, text_filter: Mapping[str, Any] | None, where: Predicate | None) -> pyroaring.AbstractBitMap | None:
+    def _allowed(
+        self, e: SuperfileEntry, text_filter: Mapping[str, Any] | None, where: Predicate | None
+    ) -> pyroaring.AbstractBitMap | None:
         allow = self._live(e)
         if text_filter is not None:
             column, terms, mode = text_filter["column"], text_filter["terms"], text_filter["mode"]
@@ -383,7 +399,9 @@ def _lower_bound(e: SuperfileEntry, column: str, q: np.ndarray, metric: str) -> 
 def _route(entries: list[SuperfileEntry], column: str, q: np.ndarray, metric: str) -> list[SuperfileEntry]:
     """Nearest superfiles first, so early results can prune the rest."""
     if metric == "dot":
-        return sorted(entries, key=lambda e: -float(np.dot(q, e.vectors[column].centroid)) if column in e.vectors else 0.0)
+        return sorted(
+            entries, key=lambda e: -float(np.dot(q, e.vectors[column].centroid)) if column in e.vectors else 0.0
+        )
     return sorted(entries, key=lambda e: _lower_bound(e, column, q, metric))
 
 
