@@ -15,6 +15,11 @@ Inside each index (one per column) there are three fields:
   exact-value lookup is one term lookup whose cost is proportional to its matches.
 
 Null values add a document with ``_row`` only: no terms, no hash.
+
+Besides tantivy's files the blob carries ``superfile-norms``: every row's
+tantivy fieldnorm id (its quantised analysed length) and the exact token total,
+which :meth:`FullTextIndex.search_global` needs to score with table-wide BM25
+statistics (see "Table-wide BM25" in ``docs/format.md``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import shutil
 import struct
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -41,11 +46,13 @@ import tantivy
 from superfile.errors import CorruptSuperfileError, InvalidOptionError
 
 __all__ = [
+    "FIELDNORMS",
     "TOKENIZERS",
     "CorpusStats",
     "FullTextBlob",
     "FullTextIndex",
     "build_fulltext",
+    "fieldnorm_id",
     "make_analyzer",
     "value_hash",
 ]
@@ -62,6 +69,36 @@ _PACK_HEAD = struct.Struct("<8sI")
 _PACK_ENTRY = struct.Struct("<HQ")
 _SMALL_ALLOW = 16_384  # allow-lists up to this size are pushed into the query as a term set
 _MODES = {"any": False, "or": False, "all": True, "and": True}  # value: every term required
+_NORMS_FILE = "superfile-norms"  # our own entry in the packed archive; never extracted next to tantivy's files
+_NORMS_HEAD = struct.Struct("<8sQQ")  # magic, row count, exact token total; then one u8 fieldnorm id per row
+_NORMS_MAGIC = b"SFNORMS1"
+_TANTIVY_TAIL = struct.Struct("<II")  # every tantivy file ends with a JSON footer, its u32 length and u32 1337
+_TANTIVY_MAGIC = 1337
+_K1, _B = 1.2, 0.75  # tantivy's BM25 constants
+_SLACK = 1e-4  # relative margin on every score bound: covers tantivy's float32 arithmetic many times over
+_FIRST_EXTRA = 32  # search_global reads k + this many candidates first, then 4x as many per round
+_ROW_DISJUNCTION = 512  # up to this many rows, a row filter is a union of _row terms, else a term set
+_FULL_POSTINGS = 6  # a term's scores come from all its postings if df <= this * candidates (else restricted)
+
+
+def _fieldnorm_table() -> np.ndarray:
+    """Length of every u8 fieldnorm id, as tantivy decodes it (Lucene's ``SmallFloat.byte4ToInt``).
+
+    Ids 0..40 are exact lengths; above, lengths keep 4 significant bits (42, 44, ..., 56, 60, ...).
+    """
+    out = np.empty(256, np.int64)
+    for i in range(256):
+        j = i - 24
+        out[i] = i if j < 0 else 24 + (j & 7 if j < 8 else ((j & 7) | 8) << ((j >> 3) - 1))
+    return out
+
+
+FIELDNORMS = _fieldnorm_table()  # fieldnorm id -> the document length BM25 uses (tantivy's quantisation)
+
+
+def fieldnorm_id(length: int) -> int:
+    """The fieldnorm id tantivy stores for a document of ``length`` analysed tokens (rounded down)."""
+    return int(np.searchsorted(FIELDNORMS, length, side="right")) - 1
 
 
 def make_analyzer(tokenizer: str) -> tantivy.TextAnalyzer:
@@ -121,6 +158,142 @@ class FullTextBlob:
     terms: list[str]
     num_docs: int
     avg_len: float
+    total_tokens: int  # exact sum of analysed lengths: the manifest sums it for the table-wide avgdl
+
+
+@dataclass(frozen=True)
+class _Norms:
+    """What exact BM25 needs besides tf: each row's fieldnorm id and the exact token total."""
+
+    ids: np.ndarray  # uint8, one per row offset
+    total_tokens: int
+
+    def pack(self) -> bytes:
+        return _NORMS_HEAD.pack(_NORMS_MAGIC, len(self.ids), self.total_tokens) + self.ids.tobytes()
+
+    @classmethod
+    def parse(cls, buf: memoryview) -> _Norms:
+        """Inverse of :meth:`pack` (zero-copy); raises ValueError on a malformed entry."""
+        if len(buf) < _NORMS_HEAD.size:
+            raise ValueError("norms entry too short")
+        magic, rows, total = _NORMS_HEAD.unpack_from(buf, 0)
+        if magic != _NORMS_MAGIC or len(buf) != _NORMS_HEAD.size + rows:
+            raise ValueError("norms entry has a bad magic number or size")
+        return cls(np.frombuffer(buf, np.uint8, rows, _NORMS_HEAD.size), total)
+
+    @property
+    def max_length(self) -> int:
+        return int(FIELDNORMS[int(self.ids.max())]) if len(self.ids) else 0
+
+
+def _read_vint(buf: bytes, pos: int) -> tuple[int, int]:
+    """Tantivy's VInt: 7 bits per byte, least significant first, high bit set on the last byte."""
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ValueError("truncated VInt")
+        b = buf[pos]
+        value |= (b & 0x7F) << shift
+        pos += 1
+        if b & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _composite_section(data: bytes, field: int) -> bytes | None:
+    """One field's bytes in a tantivy per-field ("composite") file such as ``.fieldnorm`` or ``.idx``.
+
+    Layout: field sections, then VInt count and per section (VInt offset delta,
+    u32 field, VInt index), u32 length of that table, then tantivy's file footer.
+    None when the file has no section for the field.
+    """
+    if len(data) < _TANTIVY_TAIL.size:
+        raise ValueError("file too short")
+    json_len, magic = _TANTIVY_TAIL.unpack_from(data, len(data) - _TANTIVY_TAIL.size)
+    body_end = len(data) - _TANTIVY_TAIL.size - json_len
+    if magic != _TANTIVY_MAGIC or body_end < 4:
+        raise ValueError("no tantivy footer")
+    (table_len,) = struct.unpack_from("<I", data, body_end - 4)
+    table_start = body_end - 4 - table_len
+    if table_start < 0:
+        raise ValueError("bad composite table length")
+    table = data[table_start : body_end - 4]
+    count, pos = _read_vint(table, 0)
+    starts, keys, offset = [], [], 0
+    for _ in range(count):
+        delta, pos = _read_vint(table, pos)
+        offset += delta
+        (f,) = struct.unpack_from("<I", table, pos)
+        idx, pos = _read_vint(table, pos + 4)
+        starts.append(offset)
+        keys.append((f, idx))
+    starts.append(table_start)
+    for i, key in enumerate(keys):
+        if key == (field, 0):
+            if not 0 <= starts[i] <= starts[i + 1] <= table_start:
+                raise ValueError("bad composite offsets")
+            return data[starts[i] : starts[i + 1]]
+    return None
+
+
+def _decode_norms(directory: str, searcher: tantivy.Searcher) -> _Norms:
+    """Fieldnorm id per row and the exact token total, read from tantivy's ``.fieldnorm`` and ``.idx`` files.
+
+    ``.fieldnorm`` holds one u8 per document and field; the field's section of
+    ``.idx`` (its postings) starts with the u64 token total tantivy divides by
+    N for avgdl. Segment documents map to rows through the ``_row`` fast field.
+    Raises ValueError if the files are not laid out as expected.
+    """
+    with open(os.path.join(directory, "meta.json"), "rb") as fh:
+        meta = json.load(fh)
+    field = next(i for i, f in enumerate(meta["schema"]) if f["name"] == TEXT_FIELD)
+    ids = np.zeros(searcher.num_docs, np.uint8)
+    total = 0
+    for ordinal, segment in enumerate(meta["segments"]):
+        if segment.get("deletes"):
+            raise ValueError("segment with deletes")
+        name, max_doc = segment["segment_id"].replace("-", ""), int(segment["max_doc"])
+        with open(os.path.join(directory, f"{name}.fieldnorm"), "rb") as fh:
+            norms = _composite_section(fh.read(), field)
+        with open(os.path.join(directory, f"{name}.idx"), "rb") as fh:
+            postings = _composite_section(fh.read(), field)
+        if norms is None or len(norms) != max_doc:
+            raise ValueError(f"fieldnorms of segment {name} do not cover its {max_doc} documents")
+        total += struct.unpack_from("<Q", postings, 0)[0] if postings else 0
+        docs = [tantivy.DocAddress(ordinal, d) for d in range(max_doc)]
+        rows = np.asarray(searcher.fast_field_values(ROW_FIELD, docs), np.int64)
+        ids[rows] = np.frombuffer(norms, np.uint8)
+    return _Norms(ids, total)
+
+
+def _check_norms(index: FullTextIndex, norms: _Norms) -> None:
+    """Compare decoded norms with tantivy's own BM25 explanation of a few hits (dl and avgdl)."""
+    quantised = int(FIELDNORMS[norms.ids.astype(np.int64)].sum())
+    if len(norms.ids) != index.num_docs or quantised > norms.total_tokens:
+        raise ValueError("row count or token total disagrees with the fieldnorms")
+    avg = np.float32(norms.total_tokens) / np.float32(max(index.num_docs, 1))
+    schema = index.index.schema
+    for term, _ in index.searcher.terms_with_prefix(TEXT_FIELD, "", limit=4):
+        query = tantivy.Query.term_query(schema, TEXT_FIELD, term)
+        for _, addr in index.searcher.search(query, 2, count=False).hits:
+            explained = _explanation_values(query.explain(index.searcher, addr).to_json())
+            row = int(cast(list[int], index.searcher.fast_field_values(ROW_FIELD, [addr]))[0])
+            dl, avgdl = explained.get("dl"), np.float32(explained.get("avgdl", math.nan))  # JSON: shortest float32
+            if dl != FIELDNORMS[norms.ids[row]] or avgdl != avg:
+                raise ValueError(f"row {row}: tantivy explains {explained}, the decoded norms disagree")
+
+
+def _explanation_values(explanation_json: str) -> dict[str, float]:
+    """The named leaves of a one-term BM25 explanation: freq, dl, avgdl (first word of each description)."""
+    out: dict[str, float] = {}
+    stack = [json.loads(explanation_json)]
+    while stack:
+        node = stack.pop()
+        name = str(node.get("description", "")).split(",", 1)[0]
+        if name in ("freq", "dl", "avgdl"):
+            out[name] = float(node["value"])
+        stack.extend(node.get("details", []))
+    return out
 
 
 def build_fulltext(values: pa.Array | pa.ChunkedArray, tokenizer: str, *, work_dir: str | None = None) -> FullTextBlob:
@@ -142,13 +315,21 @@ def build_fulltext(values: pa.Array | pa.ChunkedArray, tokenizer: str, *, work_d
         index.reload()
         fti = FullTextIndex(index, tokenizer)
         terms = sorted(t for t, _ in fti.searcher.terms_with_prefix(TEXT_FIELD, ""))
-        return FullTextBlob(_pack(tmp), terms, fti.num_docs, fti.avg_len)
+        try:
+            norms = _decode_norms(tmp, fti.searcher)
+            _check_norms(fti, norms)
+        except (ValueError, KeyError, StopIteration, struct.error) as e:
+            version = getattr(tantivy, "__version__", "tantivy")
+            raise RuntimeError(f"{version}: its fieldnorms are not laid out as expected ({e})") from None
+        blob = _pack(tmp, {_NORMS_FILE: norms.pack()})
+        return FullTextBlob(blob, terms, fti.num_docs, fti.avg_len, norms.total_tokens)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _pack(directory: str) -> bytes:
-    """The live files of a committed index (meta.json + its segments' files) as one archive blob.
+def _pack(directory: str, extra: Mapping[str, bytes] | None = None) -> bytes:
+    """The live files of a committed index (meta.json + its segments' files) plus ``extra`` entries
+    (name -> contents) as one archive blob.
 
     Layout (little-endian): magic ``SFTANTV1``, u32 file count, then per file
     u16 name length, name (UTF-8), u64 size; then the file contents in that order.
@@ -161,6 +342,9 @@ def _pack(directory: str) -> bytes:
     for n in names:
         with open(os.path.join(directory, n), "rb") as fh:
             contents.append(fh.read())
+    for n, c in sorted((extra or {}).items()):
+        names.append(n)
+        contents.append(c)
     head = [_PACK_HEAD.pack(_PACK_MAGIC, len(names))]
     for n, c in zip(names, contents, strict=True):
         raw = n.encode()
@@ -194,20 +378,22 @@ def _unpack_directory(blob: memoryview) -> list[tuple[str, int, int]]:
     return files
 
 
-def _extract(blob: memoryview, path: str, source: str) -> None:
+def _extract(blob: memoryview, path: str, source: str) -> list[tuple[str, int, int]]:
     """Extract ``blob`` to ``path`` unless a complete extraction is already there.
 
     Files are written to a temporary sibling directory that is renamed into
     place, so nobody ever opens half an index. An incomplete directory at
     ``path`` (left by a crash before the data reached the disk) is moved aside
-    and replaced; a complete one is never touched.
+    and replaced; a complete one is never touched. Returns the archive's directory
+    (including entries such as ``superfile-norms`` that are not extracted).
     """
     try:
-        files = _unpack_directory(blob)
+        everything = _unpack_directory(blob)
     except ValueError as e:
         raise CorruptSuperfileError(source, str(e)) from None
+    files = [f for f in everything if f[0] != _NORMS_FILE]
     if _complete(path, files):
-        return
+        return everything
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
@@ -227,6 +413,7 @@ def _extract(blob: memoryview, path: str, source: str) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return everything
 
 
 def _complete(path: str, files: list[tuple[str, int, int]]) -> bool:
@@ -244,7 +431,11 @@ class FullTextIndex:
     global statistics over the same tokens every file sees. Thread-safe.
     """
 
-    def __init__(self, index: tantivy.Index, tokenizer: str) -> None:
+    def __init__(
+        self, index: tantivy.Index, tokenizer: str, *, norms: _Norms | None = None, directory: str | None = None
+    ) -> None:
+        """``norms`` (from the blob) or ``directory`` (where the index's files are, to decode them on
+        first use) enable :meth:`search_global` and an exact :attr:`total_tokens`."""
         self.index = index
         self.tokenizer = tokenizer
         self._analyzer = make_analyzer(tokenizer)
@@ -253,6 +444,11 @@ class FullTextIndex:
         self.searcher = index.searcher()
         self.num_docs: int = self.searcher.num_docs
         self._avg_len: float | None = None
+        self._norms = norms
+        self._directory = directory
+        self._length_cache: dict[tuple[int, int], _Lengths] = {}
+        if norms is not None and len(norms.ids) != self.num_docs:
+            raise ValueError(f"norms cover {len(norms.ids)} rows, the index has {self.num_docs}")
 
     @classmethod
     def from_blob(cls, blob: memoryview, path: str, tokenizer: str, *, source: str) -> FullTextIndex:
@@ -260,9 +456,13 @@ class FullTextIndex:
 
         ``source`` names the file in errors.
         """
-        _extract(blob, path, source)
+        files = _extract(blob, path, source)
+        norms = None
         try:
-            return cls(tantivy.Index.open(path), tokenizer)
+            for name, start, size in files:
+                if name == _NORMS_FILE:
+                    norms = _Norms.parse(blob[start : start + size])
+            return cls(tantivy.Index.open(path), tokenizer, norms=norms, directory=path)
         except (ValueError, OSError) as e:
             raise CorruptSuperfileError(source, f"full-text index at {path} does not open: {e}") from None
 
@@ -288,8 +488,31 @@ class FullTextIndex:
 
     @property
     def total_tokens(self) -> int:
-        """Sum of analysed lengths over all rows (from :attr:`avg_len`; exact up to float32 rounding)."""
-        return round(self.avg_len * self.num_docs)
+        """Sum of analysed lengths over all rows: exact (from the norms), else from :attr:`avg_len`."""
+        if self._norms is None and self._directory is None:
+            return round(self.avg_len * self.num_docs)
+        return self._norm_data().total_tokens
+
+    @property
+    def fieldnorm_ids(self) -> np.ndarray:
+        """Every row's tantivy fieldnorm id (uint8; :data:`FIELDNORMS` maps it to the BM25 length)."""
+        return self._norm_data().ids
+
+    def _lengths(self, norms: _Norms, n_glob: int, tokens_glob: int) -> _Lengths:
+        key = (n_glob, tokens_glob)
+        found = self._length_cache.get(key)
+        if found is None:
+            if len(self._length_cache) >= 8:  # a table has one corpus per version: a few suffice
+                self._length_cache.pop(next(iter(self._length_cache)), None)
+            found = self._length_cache[key] = _Lengths.make(self.num_docs, norms, n_glob, tokens_glob)
+        return found
+
+    def _norm_data(self) -> _Norms:
+        if self._norms is None:
+            if self._directory is None:
+                raise RuntimeError("this FullTextIndex was opened without its norms (use from_blob)")
+            self._norms = _decode_norms(self._directory, self.searcher)  # blobs written before norms existed
+        return self._norms
 
     def _read_avg_len(self) -> float:
         top = self.searcher.terms_with_prefix(TEXT_FIELD, "", limit=1)
@@ -360,6 +583,116 @@ class FullTextIndex:
                 return rows[keep][:k], scores[keep][:k]
             limit *= 4
 
+    def search_global(
+        self,
+        terms: Sequence[str],
+        k: int,
+        stats: CorpusStats,
+        *,
+        mode: str = "any",
+        allow: pyroaring.AbstractBitMap | None = None,
+        weights: Mapping[str, float] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-``k`` under BM25 with table-wide statistics: (row offsets int64, scores float32).
+
+        score(d) = sum over terms t in d of w_t * idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
+        with idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5)), N, df and avgdl =
+        total_tokens / N from ``stats``, dl the row's length as tantivy
+        quantises it (:data:`FIELDNORMS`), k1 = 1.2, b = 0.75, w_t = ``weights``
+        (default 1; 0 in mode "all" keeps the term as a filter). Computed in
+        float64 from per-row quantities only, so a row scores the same however
+        the table is split into files. Best first; ties by row offset; rows
+        scoring 0 are not returned. ``mode`` and ``allow`` as in :meth:`search`.
+
+        How: tantivy ranks candidates with idf-corrected boosts (its own avgdl);
+        a candidate's tf per term is recovered by inverting tantivy's score of
+        that term alone; exact scores come from tf, the stored fieldnorm and the
+        global statistics. A local score bounds the global one within a factor
+        that depends only on dl (BM25's tf part is monotone in avgdl), so more
+        candidates are read (4x per round) until the k-th exact score beats the
+        bound of every row not read yet.
+        """
+        required = _mode(mode)
+        uniq = list(dict.fromkeys(terms))
+        empty = (np.empty(0, np.int64), np.empty(0, np.float32))
+        if k <= 0 or not uniq or self.num_docs == 0:
+            return empty
+        plan = _GlobalPlan.make(self, uniq, required, stats, weights or {})
+        if plan is None:
+            return empty
+        query, keep, limit = plan.query, None, k + _FIRST_EXTRA
+        if allow is not None:
+            n_allow = allow.range_cardinality(0, self.num_docs)
+            if n_allow == 0:
+                return empty
+            if n_allow < self.num_docs and n_allow <= _SMALL_ALLOW:
+                members = [r for r in allow.to_array().tolist() if r < self.num_docs]
+                query = tantivy.Query.boolean_query(
+                    [
+                        (tantivy.Occur.Must, query),
+                        (tantivy.Occur.Must, tantivy.Query.const_score_query(self._row_filter(members), 0.0)),
+                    ]
+                )
+            elif n_allow < self.num_docs:
+                keep = allow
+                limit = max(limit, math.ceil(limit * self.num_docs / n_allow))
+        known: dict[int, float] = {}  # row -> exact score, kept across rounds
+        while True:
+            limit = min(limit, self.num_docs)
+            rows, local, docs = self._hits(query, limit)
+            exhausted = len(rows) < limit or limit == self.num_docs
+            unseen = -math.inf if exhausted else plan.lengths.unseen_factor * float(local[-1]) * (1 + _SLACK)
+            if keep is not None:
+                mask = np.fromiter((r in keep for r in rows.tolist()), bool, len(rows))
+                rows, local, docs = rows[mask], local[mask], [d for d, m in zip(docs, mask, strict=True) if m]
+            best_rows, best_scores = plan.rank(rows, local, docs, k, known)
+            if exhausted or (len(best_rows) == k and float(best_scores[-1]) > unseen):
+                return best_rows, best_scores
+            limit *= 4
+
+    def _hits(self, query: tantivy.Query, limit: int) -> tuple[np.ndarray, np.ndarray, list[tantivy.DocAddress]]:
+        """The first ``limit`` hits as (row offsets, float64 scores, doc addresses)."""
+        hits = self.searcher.search(query, limit, count=False).hits if limit > 0 else []
+        docs = [a for _, a in hits]
+        rows = np.asarray(self.searcher.fast_field_values(ROW_FIELD, docs) if docs else [], np.int64)
+        return rows, np.asarray([s for s, _ in hits], np.float64), docs
+
+    def _row_filter(self, rows: Sequence[int]) -> tantivy.Query:
+        """A query matching exactly these row offsets (a union of ``_row`` terms for few rows: a term set
+        query scans the whole ``_row`` fast field, ~15 ns per row of the file)."""
+        if len(rows) > _ROW_DISJUNCTION:
+            return tantivy.Query.term_set_query(self.index.schema, ROW_FIELD, list(rows))
+        schema = self.index.schema
+        return tantivy.Query.boolean_query(
+            [(tantivy.Occur.Should, tantivy.Query.term_query(schema, ROW_FIELD, r)) for r in rows]
+        )
+
+    def _term_scores(
+        self, term: str, doc_freq: int, docs: list[tantivy.DocAddress], only: Callable[[], tantivy.Query]
+    ) -> np.ndarray:
+        """Tantivy's score of ``term`` alone (its own statistics, no boost) for each doc; 0 without the term.
+
+        Reads all the term's postings when that is cheaper than a query restricted to the docs by ``only()``.
+        """
+        query = tantivy.Query.term_query(self.index.schema, TEXT_FIELD, term)
+        if doc_freq <= _FULL_POSTINGS * len(docs):
+            hits = self.searcher.search(query, doc_freq, count=False).hits
+        else:
+            restricted = tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, only())])
+            hits = self.searcher.search(restricted, len(docs), count=False).hits
+        where = {(d.segment_ord, d.doc): i for i, d in enumerate(docs)}
+        out = np.zeros(len(docs), np.float64)
+        for score, d in hits:
+            i = where.get((d.segment_ord, d.doc))
+            if i is not None:
+                out[i] = score
+        return out
+
+    def _explained_tf(self, term: str, doc: tantivy.DocAddress) -> int:
+        """The term's frequency in one doc from tantivy's explanation (slow; for ambiguous inversions)."""
+        query = tantivy.Query.term_query(self.index.schema, TEXT_FIELD, term)
+        return round(_explanation_values(query.explain(self.searcher, doc).to_json())["freq"])
+
     def match(self, terms: Sequence[str], mode: str = "and") -> pyroaring.BitMap:
         """Every row offset containing all (mode "and"/"all") or any ("or"/"any") analysed terms, unranked.
 
@@ -418,6 +751,177 @@ class FullTextIndex:
         hits = self.searcher.search(query, bound, count=False).hits
         rows = self.searcher.fast_field_values(ROW_FIELD, [a for _, a in hits])
         return pyroaring.BitMap(array.array("I", cast(list[int], rows)))
+
+
+@dataclass(frozen=True)
+class _Lengths:
+    """Per fieldnorm id quantities of one (file, corpus) pair; the file keeps the last few."""
+
+    local_norm: np.ndarray  # k1 * (1 - b + b * dl / avgdl) with the file's avgdl (tantivy's, up to float32)
+    global_norm: np.ndarray  # the same with the corpus avgdl
+    ratio_low: np.ndarray  # a row's global / local score lies in [ratio_low, ratio_high] (times 1 -+ slack)
+    ratio_high: np.ndarray
+    unseen_factor: float  # max of ratio_high over the file's lengths: bounds every row not read yet
+
+    @classmethod
+    def make(cls, num_docs: int, norms: _Norms, n_glob: int, tokens_glob: int) -> _Lengths:
+        lengths = FIELDNORMS.astype(np.float64)
+        local_norm = _K1 * (1 - _B + _B * lengths * num_docs / norms.total_tokens)
+        global_norm = _K1 * (1 - _B + _B * lengths * n_glob / tokens_glob)
+        # per term, global / local = (tf + K_local) / (tf + K_global) up to the idf (corrected by the boost):
+        # monotone in tf, so between 1 (tf -> infinity) and its value at tf = 1
+        at_one = (1 + local_norm) / (1 + global_norm)
+        high = np.maximum(1.0, at_one)
+        unseen = float(high[: fieldnorm_id(norms.max_length) + 1].max())
+        return cls(local_norm, global_norm, np.minimum(1.0, at_one), high, unseen)
+
+
+@dataclass
+class _GlobalPlan:
+    """One :meth:`FullTextIndex.search_global` call: the candidate query and the exact rescoring."""
+
+    index: FullTextIndex
+    ids: np.ndarray  # the file's fieldnorm id per row
+    lengths: _Lengths
+    terms: list[str]  # scored terms present in this file (weight > 0)
+    doc_freqs: list[int]  # local df of each
+    boosts: list[float]  # weight * global idf / local idf: tantivy's candidate ranking then uses global idf
+    global_weights: np.ndarray  # weight * global idf * (k1 + 1) per term
+    local_weights: np.ndarray  # local idf * (k1 + 1) per term: tantivy's unboosted term weight
+    query: tantivy.Query
+
+    @classmethod
+    def make(
+        cls,
+        index: FullTextIndex,
+        terms: list[str],
+        required: bool,
+        stats: CorpusStats,
+        weights: Mapping[str, float],
+    ) -> _GlobalPlan | None:
+        """None when nothing can match in this file."""
+        norms = index._norm_data()
+        n_glob, tokens_glob = int(stats.num_docs), int(stats.total_tokens)
+        if n_glob < index.num_docs or tokens_glob < norms.total_tokens:
+            raise InvalidOptionError(
+                f"corpus statistics (N={n_glob}, tokens={tokens_glob}) are smaller than one file's "
+                f"(N={index.num_docs}, tokens={norms.total_tokens})"
+            )
+        schema = index.index.schema
+        occur = tantivy.Occur.Must if required else tantivy.Occur.Should
+        scored, freqs, boosts, gw, lw, clauses = [], [], [], [], [], []
+        for t in terms:
+            w = weights.get(t, 1.0)
+            if not (math.isfinite(w) and w >= 0):
+                raise InvalidOptionError(f"term weight must be a finite number >= 0, got {w!r} for {t!r}")
+            df = index.doc_freq(t)
+            if df == 0:
+                if required:
+                    return None
+                continue
+            q = tantivy.Query.term_query(schema, TEXT_FIELD, t)
+            if w == 0:
+                if required:
+                    clauses.append((occur, tantivy.Query.const_score_query(q, 0.0)))
+                continue
+            df_glob = stats.doc_freq.get(t)
+            if df_glob is None or not df <= df_glob <= n_glob:
+                raise InvalidOptionError(
+                    f"corpus doc_freq of {t!r} is {df_glob}: it must be between this file's ({df}) and N ({n_glob})"
+                )
+            idf_glob, idf_local = _idf(n_glob, df_glob), _idf(index.num_docs, df)
+            scored.append(t)
+            freqs.append(df)
+            boosts.append(w * idf_glob / idf_local)
+            gw.append(w * idf_glob * (_K1 + 1))
+            lw.append(idf_local * (_K1 + 1))
+            clauses.append((occur, tantivy.Query.boost_query(q, boosts[-1])))
+        if not scored:
+            return None
+        return cls(
+            index=index,
+            ids=norms.ids,
+            lengths=index._lengths(norms, n_glob, tokens_glob),
+            terms=scored,
+            doc_freqs=freqs,
+            boosts=boosts,
+            global_weights=np.asarray(gw, np.float64),
+            local_weights=np.asarray(lw, np.float64),
+            query=tantivy.Query.boolean_query(clauses),
+        )
+
+    def rank(
+        self,
+        rows: np.ndarray,
+        local: np.ndarray,
+        docs: list[tantivy.DocAddress],
+        k: int,
+        known: dict[int, float],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The exact top-k among candidate rows (tantivy's local scores ``local``), computing exact scores
+        only for candidates whose upper bound reaches the k-th best lower bound."""
+        if len(rows) == 0:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        ids = self.ids[rows]
+        low = self.lengths.ratio_low[ids] * local * (1 - _SLACK)
+        high = self.lengths.ratio_high[ids] * local * (1 + _SLACK)
+        exact = np.fromiter((known.get(r, math.nan) for r in rows.tolist()), np.float64, len(rows))
+        have = ~np.isnan(exact)
+        low[have] = high[have] = exact[have]
+        threshold = np.partition(low, len(low) - k)[len(low) - k] if len(low) >= k else -math.inf
+        contender = high >= threshold
+        todo = np.flatnonzero(contender & ~have)
+        if len(todo):
+            exact[todo] = self._exact(rows[todo], local[todo], [docs[i] for i in todo.tolist()])
+            known.update(zip(rows[todo].tolist(), exact[todo].tolist(), strict=True))
+        pick = np.flatnonzero(contender & (exact > 0))
+        scores = exact[pick].astype(np.float32)
+        order = np.lexsort((rows[pick], -scores))[:k]
+        return rows[pick][order], scores[order]
+
+    def _exact(self, rows: np.ndarray, local: np.ndarray, docs: list[tantivy.DocAddress]) -> np.ndarray:
+        """Exact global scores of these rows: tf per term recovered from tantivy's per-term scores."""
+        if len(self.terms) == 1:  # the candidate score is the term's boosted score: no extra query
+            observed = local[None, :] / self.boosts[0]
+        else:
+            cached: list[tantivy.Query] = []
+
+            def only() -> tantivy.Query:  # built once, only if some term needs a restricted query
+                if not cached:
+                    cached.append(tantivy.Query.const_score_query(self.index._row_filter(rows.tolist()), 0.0))
+                return cached[0]
+
+            observed = np.stack(
+                [self.index._term_scores(t, df, docs, only) for t, df in zip(self.terms, self.doc_freqs, strict=True)]
+            )
+        ids = self.ids[rows]
+        tf = _invert_tf(observed, self.local_weights[:, None], self.lengths.local_norm[ids][None, :])
+        for j, i in zip(*np.nonzero(tf < 0), strict=True):  # too large to tell from float32 scores (tf >~ 100)
+            tf[j, i] = self.index._explained_tf(self.terms[j], docs[i])
+        part = self.global_weights[:, None] * tf / (tf + self.lengths.global_norm[ids][None, :])
+        return part.sum(axis=0)
+
+
+def _idf(n: int, df: int) -> float:
+    return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+
+def _invert_tf(score: np.ndarray, weight: np.ndarray, norm: np.ndarray) -> np.ndarray:
+    """Term frequencies from tantivy's one-term scores ``weight * tf / (tf + norm)`` (0 for score 0).
+
+    tf = s * norm / (weight - s), rounded. Tantivy computes in float32 (and
+    its idf and norm differ from ours in the last bits): -1 marks where that
+    rounding could make tf ambiguous, i.e. where the relative score step from
+    tf to tf + 1, norm / (tf * (tf + 1 + norm)), is below 2e-5 (~100 ulps).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        raw = score * norm / (weight - score)
+    tf = np.rint(raw)
+    tf[score <= 0] = 0
+    step = norm / np.maximum(tf * (tf + 1 + norm), 1e-300)
+    safe = (score <= 0) | ((tf >= 1) & (np.abs(raw - tf) < 0.25) & (step > 2e-5))
+    tf[~safe] = -1
+    return tf
 
 
 def _mode(mode: str) -> bool:

@@ -111,6 +111,8 @@ class BuiltSuperfile:
     terms: dict[str, list[str]]  # per full-text column: its distinct indexed terms, sorted
     footer_crc32: int  # CRC-32 of the "footer" section: the manifest's check on the one unchecksummed range
     directory: dict[str, Any]  # the section directory as written into the footer
+    # per full-text column: (rows, exact sum of analysed lengths): the manifest sums them for table-wide BM25
+    fts_stats: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def crc_value_offset(footer: bytes | memoryview) -> int:

@@ -63,9 +63,11 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
     _validate(data, spec)
     blobs: list[tuple[dict[str, object], bytes]] = []
     terms: dict[str, list[str]] = {}
+    fts_stats: dict[str, tuple[int, int]] = {}
     for column, tokenizer in spec.fts_columns.items():
         fts: FullTextBlob = build_fulltext(data.column(column), tokenizer, work_dir=work_dir)
         terms[column] = fts.terms
+        fts_stats[column] = (fts.num_docs, fts.total_tokens)
         info = {
             "name": fts_section(column),
             "kind": "tantivy",
@@ -74,6 +76,7 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
             "index_option": INDEX_OPTION,
             "num_docs": fts.num_docs,
             "avg_len": fts.avg_len,
+            "total_tokens": fts.total_tokens,
         }
         blobs.append((info, fts.blob))
     for column, vspec in spec.vector_columns.items():
@@ -138,7 +141,7 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
     out = sink.getvalue()
     by_name = {s.name: s for s in sections}
     by_name["footer"] = Section("footer", "footer", footer_start, len(out) - footer_start, footer_crc)
-    return BuiltSuperfile(out, by_name, data.num_rows, terms, footer_crc, directory)
+    return BuiltSuperfile(out, by_name, data.num_rows, terms, footer_crc, directory, fts_stats)
 
 
 def _rows_per_group(table: pa.Table, spec: SuperfileSpec) -> int:

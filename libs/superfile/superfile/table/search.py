@@ -161,7 +161,7 @@ class Searcher:
         if cols:
             table = self._rows(ranked, which[order], offsets[order], cols)
             arrays += [table.column(c) for c in cols]
-        fields = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float32())]
+        fields: list[pa.Field] = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float32())]
         fields += [self.snap.schema.field(c) for c in cols]
         meta: dict[bytes | str, bytes | str] = {
             "superfile.version": str(self.snap.version),
