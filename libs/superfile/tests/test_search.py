@@ -220,3 +220,71 @@ def test_token_match_shape_and_errors(cran_table: superfile.Supertable) -> None:
         cran_table.token_match("author", ["x"])
     with pytest.raises(InvalidOptionError):
         cran_table.token_match("title", ["x"], "xor")
+
+
+# -- BM25 ------------------------------------------------------------------------------------------
+def ndcg_at_10(ranked: list[int], grades: dict[int, int]) -> float:
+    dcg = sum((2 ** grades.get(d, 0) - 1) / np.log2(i + 2) for i, d in enumerate(ranked[:10]))
+    ideal = sorted(grades.values(), reverse=True)[:10]
+    idcg = sum((2**g - 1) / np.log2(i + 2) for i, g in enumerate(ideal))
+    return float(dcg / idcg) if idcg else 0.0
+
+
+@pytest.fixture(scope="module")
+def cranfield_runs(cranfield: pa.Table) -> dict[int, list[list[int]]]:
+    """Top-10 doc ids of every Cranfield query on the same rows split into 1 and into 16 superfiles."""
+    import pyarrow.compute as pc
+
+    docs = cranfield.set_column(4, "text", pc.binary_join_element_wise(cranfield["title"], cranfield["text"], " "))
+    queries = pq.read_table(CRANFIELD / "queries.parquet").column("text").to_pylist()
+    runs = {}
+    for n in (1, 16):
+        t = fresh(f"split{n}").create_table(
+            "d",
+            docs.schema,
+            fts_columns=["text"],
+            vector_columns={"embedding": {"dim": 384}},
+            max_rows_per_superfile=-(-docs.num_rows // n),
+            min_rows_per_shard=docs.num_rows,
+        )
+        t.append(docs)
+        assert t.stats()["superfile_count"] == n
+        runs[n] = [t.bm25_search("text", q, k=10, projection=["id"]).column("id").to_pylist() for q in queries]
+    return runs
+
+
+def test_bm25_relevance_and_sharding_invariance(cranfield_runs: dict[int, list[list[int]]]) -> None:
+    grades: dict[int, dict[int, int]] = {}
+    for r in pq.read_table(CRANFIELD / "qrels.parquet").to_pylist():
+        grades.setdefault(r["query_id"], {})[r["doc_id"]] = r["grade"]
+    ndcg = {
+        n: np.mean([ndcg_at_10(run, grades.get(i + 1, {})) for i, run in enumerate(runs)])
+        for n, runs in cranfield_runs.items()
+    }
+    assert ndcg[1] >= 0.35
+    assert abs(ndcg[1] - ndcg[16]) <= 0.005
+    same = np.mean([a == b for a, b in zip(cranfield_runs[1], cranfield_runs[16], strict=True)])
+    assert same >= 0.95
+
+
+def test_bm25_modes_prefix_deletes_and_errors(cran_table: superfile.Supertable) -> None:
+    got = cran_table.bm25_search("title", "boundary layer", k=20, projection=["title", "id"])
+    assert got.column_names == ["_id", "score", "title", "id"]
+    scores = got.column("score").to_numpy()
+    assert got.num_rows == 20 and np.all(np.diff(scores) <= 0)
+    assert all(i % 47 != 0 for i in got.column("id").to_pylist())  # deleted rows never appear
+    both = cran_table.bm25_search("title", "boundary layer", k=50, mode="all", projection=["title"])
+    assert all("boundary" in t and "layer" in t for t in both.column("title").to_pylist())
+    pre = cran_table.bm25_search_prefix("title", "hyperson", k=10, projection=["title"])
+    assert pre.num_rows == 10 and all("hyperson" in t for t in pre.column("title").to_pylist())
+    ids_only = cran_table.bm25_search("text", "shock waves", k=5, projection=["_id", "score"])
+    assert ids_only.column_names == ["_id", "score"] and ids_only.num_rows == 5
+    for bad in ("", "   "):
+        with pytest.raises(InvalidInputError):
+            cran_table.bm25_search("text", bad)
+    with pytest.raises(UnknownColumnError):
+        cran_table.bm25_search("author", "x")
+    with pytest.raises(InvalidOptionError):
+        cran_table.bm25_search("text", "x", k=0)
+    with pytest.raises(InvalidOptionError):
+        cran_table.bm25_search("text", "x", mode="most")

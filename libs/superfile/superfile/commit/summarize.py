@@ -40,4 +40,5 @@ def summarize(
         vectors={c: vector_summary(vectors_of(rows, c), v.metric) for c, v in options.vector_columns.items()},
         partition=partition,
         added_version=0,
+        fts_tokens={c: total for c, (_, total) in built.fts_stats.items()},
     )

@@ -76,6 +76,7 @@ _TANTIVY_TAIL = struct.Struct("<II")  # every tantivy file ends with a JSON foot
 _TANTIVY_MAGIC = 1337
 _K1, _B = 1.2, 0.75  # tantivy's BM25 constants
 _SLACK = 1e-4  # relative margin on every score bound: covers tantivy's float32 arithmetic many times over
+_ROUNDING = 2.0**-20  # relative error bound of a tantivy score as we recompute it (float32: 2^-24 per operation)
 _FIRST_EXTRA = 32  # search_global reads k + this many candidates first, then 4x as many per round
 _ROW_DISJUNCTION = 512  # up to this many rows, a row filter is a union of _row terms, else a term set
 _FULL_POSTINGS = 6  # a term's scores come from all its postings if df <= this * candidates (else restricted)
@@ -641,7 +642,7 @@ class FullTextIndex:
             limit = min(limit, self.num_docs)
             rows, local, docs = self._hits(query, limit)
             exhausted = len(rows) < limit or limit == self.num_docs
-            unseen = -math.inf if exhausted else plan.lengths.unseen_factor * float(local[-1]) * (1 + _SLACK)
+            unseen = -math.inf if exhausted else plan.unseen_bound(float(local[-1]))
             if keep is not None:
                 mask = np.fromiter((r in keep for r in rows.tolist()), bool, len(rows))
                 rows, local, docs = rows[mask], local[mask], [d for d, m in zip(docs, mask, strict=True) if m]
@@ -755,25 +756,36 @@ class FullTextIndex:
 
 @dataclass(frozen=True)
 class _Lengths:
-    """Per fieldnorm id quantities of one (file, corpus) pair; the file keeps the last few."""
+    """BM25's length factor k1 * (1 - b + b * dl / avgdl) per fieldnorm id, with the file's avgdl and with the
+    corpus avgdl; the file keeps them for the last few corpora."""
 
-    local_norm: np.ndarray  # k1 * (1 - b + b * dl / avgdl) with the file's avgdl (tantivy's, up to float32)
-    global_norm: np.ndarray  # the same with the corpus avgdl
-    ratio_low: np.ndarray  # a row's global / local score lies in [ratio_low, ratio_high] (times 1 -+ slack)
-    ratio_high: np.ndarray
-    unseen_factor: float  # max of ratio_high over the file's lengths: bounds every row not read yet
+    local_norm: np.ndarray  # with the file's avgdl (tantivy's, up to float32 rounding)
+    global_norm: np.ndarray  # with the corpus avgdl
+    present: np.ndarray  # the fieldnorm ids that occur in the file
 
     @classmethod
     def make(cls, num_docs: int, norms: _Norms, n_glob: int, tokens_glob: int) -> _Lengths:
         lengths = FIELDNORMS.astype(np.float64)
         local_norm = _K1 * (1 - _B + _B * lengths * num_docs / norms.total_tokens)
         global_norm = _K1 * (1 - _B + _B * lengths * n_glob / tokens_glob)
-        # per term, global / local = (tf + K_local) / (tf + K_global) up to the idf (corrected by the boost):
-        # monotone in tf, so between 1 (tf -> infinity) and its value at tf = 1
-        at_one = (1 + local_norm) / (1 + global_norm)
-        high = np.maximum(1.0, at_one)
-        unseen = float(high[: fieldnorm_id(norms.max_length) + 1].max())
-        return cls(local_norm, global_norm, np.minimum(1.0, at_one), high, unseen)
+        return cls(local_norm, global_norm, np.flatnonzero(np.bincount(norms.ids, minlength=256)))
+
+    def ratio(self, ids: np.ndarray, local: np.ndarray, total_weight: float) -> np.ndarray:
+        """An extreme of global / local score for rows with these fieldnorm ids and local scores.
+
+        Per term, x = tf / (tf + K_local) and the global part is h(x) = x K_local
+        / (x (K_local - K_global) + K_global): concave if K_local > K_global (the
+        file's avgdl is the smaller), convex otherwise, with h(0) = 0, h(1) = 1.
+        Every present term has x >= x0 = 1 / (1 + K_local) (tf >= 1). With
+        weights w_t (sum W over the query's terms) and local score S = sum w_t
+        x_t, Jensen's inequality and x_t >= x0 give, for the concave case,
+        global <= W' h(S / W') with W' = min(W, S / x0), and global >= S; the
+        convex case mirrors it (global in [W' h(S / W'), S]). Returns h(x) / x
+        at x = S / W': the upper bound of the ratio if >= 1, else the lower one.
+        """
+        k_local, k_global = self.local_norm[ids], self.global_norm[ids]
+        x = np.clip(local / total_weight, 1 / (1 + k_local), 1.0)
+        return np.asarray(k_local / (x * (k_local - k_global) + k_global), np.float64)
 
 
 @dataclass
@@ -785,7 +797,7 @@ class _GlobalPlan:
     lengths: _Lengths
     terms: list[str]  # scored terms present in this file (weight > 0)
     doc_freqs: list[int]  # local df of each
-    boosts: list[float]  # weight * global idf / local idf: tantivy's candidate ranking then uses global idf
+    boosts: np.ndarray  # weight * global idf / local idf: tantivy's candidate ranking then uses global idf
     global_weights: np.ndarray  # weight * global idf * (k1 + 1) per term
     local_weights: np.ndarray  # local idf * (k1 + 1) per term: tantivy's unboosted term weight
     query: tantivy.Query
@@ -844,11 +856,20 @@ class _GlobalPlan:
             lengths=index._lengths(norms, n_glob, tokens_glob),
             terms=scored,
             doc_freqs=freqs,
-            boosts=boosts,
+            boosts=np.asarray(boosts, np.float64),
             global_weights=np.asarray(gw, np.float64),
             local_weights=np.asarray(lw, np.float64),
             query=tantivy.Query.boolean_query(clauses),
         )
+
+    def unseen_bound(self, local: float) -> float:
+        """Upper bound of the global score of any row whose local score is at most ``local``."""
+        ratio = self.lengths.ratio(self.lengths.present, np.full(len(self.lengths.present), local), self.weight)
+        return max(1.0, float(ratio.max())) * local * (1 + _SLACK)
+
+    @property
+    def weight(self) -> float:
+        return float(self.global_weights.sum())
 
     def rank(
         self,
@@ -862,10 +883,12 @@ class _GlobalPlan:
         only for candidates whose upper bound reaches the k-th best lower bound."""
         if len(rows) == 0:
             return np.empty(0, np.int64), np.empty(0, np.float32)
-        ids = self.ids[rows]
-        low = self.lengths.ratio_low[ids] * local * (1 - _SLACK)
-        high = self.lengths.ratio_high[ids] * local * (1 + _SLACK)
-        exact = np.fromiter((known.get(r, math.nan) for r in rows.tolist()), np.float64, len(rows))
+        ratio = self.lengths.ratio(self.ids[rows], local, self.weight)
+        low = np.minimum(1.0, ratio) * local * (1 - _SLACK)
+        high = np.maximum(1.0, ratio) * local * (1 + _SLACK)
+        exact = np.full(len(rows), math.nan)
+        if known:
+            exact = np.fromiter((known.get(r, math.nan) for r in rows.tolist()), np.float64, len(rows))
         have = ~np.isnan(exact)
         low[have] = high[have] = exact[have]
         threshold = np.partition(low, len(low) - k)[len(low) - k] if len(low) >= k else -math.inf
@@ -880,47 +903,53 @@ class _GlobalPlan:
         return rows[pick][order], scores[order]
 
     def _exact(self, rows: np.ndarray, local: np.ndarray, docs: list[tantivy.DocAddress]) -> np.ndarray:
-        """Exact global scores of these rows: tf per term recovered from tantivy's per-term scores."""
-        if len(self.terms) == 1:  # the candidate score is the term's boosted score: no extra query
-            observed = local[None, :] / self.boosts[0]
-        else:
-            cached: list[tantivy.Query] = []
+        """Exact global scores of these rows from each term's tf, recovered from tantivy's scores.
 
-            def only() -> tantivy.Query:  # built once, only if some term needs a restricted query
-                if not cached:
-                    cached.append(tantivy.Query.const_score_query(self.index._row_filter(rows.tolist()), 0.0))
-                return cached[0]
+        One term query per term restricted to the rows, except for the term
+        with the largest df: its score is the candidate score minus the others'.
+        """
+        n_terms = len(self.terms)
+        skip = int(np.argmax(self.doc_freqs))
+        observed = np.zeros((n_terms, len(rows)), np.float64)
+        error = np.zeros((n_terms, len(rows)), np.float64)  # bound on the absolute error of observed
+        cached: list[tantivy.Query] = []
 
-            observed = np.stack(
-                [self.index._term_scores(t, df, docs, only) for t, df in zip(self.terms, self.doc_freqs, strict=True)]
-            )
+        def only() -> tantivy.Query:  # built once, only if some term needs a restricted query
+            if not cached:
+                cached.append(tantivy.Query.const_score_query(self.index._row_filter(rows.tolist()), 0.0))
+            return cached[0]
+
+        for j, term in enumerate(self.terms):
+            if j != skip:
+                observed[j] = self.index._term_scores(term, self.doc_freqs[j], docs, only)
+                error[j] = observed[j] * _ROUNDING
+        rest = local - self.boosts @ observed  # the skipped term's row of observed is still 0
+        observed[skip] = np.maximum(rest, 0.0) / self.boosts[skip]
+        error[skip] = (n_terms + 1) * _ROUNDING * local / self.boosts[skip]
         ids = self.ids[rows]
-        tf = _invert_tf(observed, self.local_weights[:, None], self.lengths.local_norm[ids][None, :])
-        for j, i in zip(*np.nonzero(tf < 0), strict=True):  # too large to tell from float32 scores (tf >~ 100)
+        tf = _invert_tf(observed, self.local_weights[:, None], self.lengths.local_norm[ids][None, :], error)
+        for j, i in zip(*np.nonzero(tf < 0), strict=True):  # float32 cannot tell tf apart (tf in the hundreds)
             tf[j, i] = self.index._explained_tf(self.terms[j], docs[i])
         part = self.global_weights[:, None] * tf / (tf + self.lengths.global_norm[ids][None, :])
-        return part.sum(axis=0)
+        return np.asarray(part.sum(axis=0), np.float64)
 
 
 def _idf(n: int, df: int) -> float:
     return math.log(1 + (n - df + 0.5) / (df + 0.5))
 
 
-def _invert_tf(score: np.ndarray, weight: np.ndarray, norm: np.ndarray) -> np.ndarray:
-    """Term frequencies from tantivy's one-term scores ``weight * tf / (tf + norm)`` (0 for score 0).
+def _invert_tf(score: np.ndarray, weight: np.ndarray, norm: np.ndarray, error: np.ndarray) -> np.ndarray:
+    """Term frequencies from one-term scores ``weight * tf / (tf + norm)`` known within +-``error``.
 
-    tf = s * norm / (weight - s), rounded. Tantivy computes in float32 (and
-    its idf and norm differ from ours in the last bits): -1 marks where that
-    rounding could make tf ambiguous, i.e. where the relative score step from
-    tf to tf + 1, norm / (tf * (tf + 1 + norm)), is below 2e-5 (~100 ulps).
+    tf = s * norm / (weight - s), rounded; -1 where the error could reach
+    another integer (d tf / d s = norm * weight / (weight - s)^2 grows like
+    tf^2, so float32 scores stop telling tf apart in the hundreds).
     """
-    with np.errstate(divide="ignore", invalid="ignore"):
-        raw = score * norm / (weight - score)
+    gap = np.maximum(weight - score, 1e-300)
+    raw = score * norm / gap
     tf = np.rint(raw)
-    tf[score <= 0] = 0
-    step = norm / np.maximum(tf * (tf + 1 + norm), 1e-300)
-    safe = (score <= 0) | ((tf >= 1) & (np.abs(raw - tf) < 0.25) & (step > 2e-5))
-    tf[~safe] = -1
+    spread = error * norm * weight / gap**2
+    tf[(np.abs(raw - tf) + spread >= 0.45) | (score >= weight)] = -1
     return tf
 
 
