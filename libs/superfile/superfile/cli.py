@@ -71,11 +71,20 @@ def cmd_demo(args: argparse.Namespace) -> None:
     print("\nstats:", json.dumps(table.stats(), indent=2))
     print(f"\nfirst rows of {args.table!r}:")
     _print_table(table.to_arrow(columns=["_id", "id", "title", "author"]).slice(0, 3))
+    query = "supersonic boundary layer"
+    print(f"\nBM25 top 3 for {query!r} in text:")
+    _print_table(table.bm25_search("text", query, k=3, projection=["id", "title"]))
+    first = table.to_arrow(columns=["embedding", "title"], where="id = 1")
+    print(f"\nnearest 3 to the embedding of {first.column('title')[0].as_py()[:50]!r}:")
+    vector = first.column("embedding")[0].as_py()
+    _print_table(table.vector_search("embedding", vector, k=3, projection=["id", "title"]))
     print(
         "\nQuery it from Python:\n"
         f"  import superfile\n  t = superfile.connect({args.uri!r}).open_table({args.table!r})\n"
+        "  t.bm25_search('text', 'shock waves', k=5, projection=['id', 'title'])\n"
         "  t.to_arrow(where=\"author = 'brenckman,m.'\")\n"
-        f'or from the shell:\n  superfile scan {args.uri} {args.table} --where "id < 5" --columns id,title'
+        f"or from the shell:\n  superfile search {args.uri} {args.table} text 'shock waves' --k 5 --columns id,title\n"
+        f'  superfile scan {args.uri} {args.table} --where "id < 5" --columns id,title'
     )
 
 
@@ -125,6 +134,20 @@ def cmd_scan(args: argparse.Namespace) -> None:
     _print_table(table.to_arrow(columns=columns, where=args.where).slice(0, args.limit))
 
 
+def cmd_search(args: argparse.Namespace) -> None:
+    table = superfile.connect(args.uri).open_table(args.table)
+    projection = args.columns.split(",") if args.columns else None
+    if args.kind == "bm25":
+        result = table.bm25_search(args.column, args.query, k=args.k, mode=args.mode, projection=projection)
+    elif args.kind == "prefix":
+        result = table.bm25_search_prefix(args.column, args.query, k=args.k, projection=projection)
+    elif args.kind == "tokens":
+        result = table.token_match(args.column, args.query.split(), projection=projection)
+    else:
+        result = table.exact_match(args.column, args.query, projection=projection)
+    _print_table(result)
+
+
 def cmd_versions(args: argparse.Namespace) -> None:
     for v in superfile.connect(args.uri).open_table(args.table).versions():
         print(json.dumps(v))
@@ -166,6 +189,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--columns")
     s.add_argument("--limit", type=int, default=20)
     s.add_argument("--version", type=int)
+    q = add("search", cmd_search, "full-text search a column")
+    q.add_argument("column")
+    q.add_argument("query")
+    q.add_argument("--kind", choices=["bm25", "prefix", "tokens", "exact"], default="bm25")
+    q.add_argument("--mode", choices=["any", "all"], default="any")
+    q.add_argument("--k", type=int, default=10)
+    q.add_argument("--columns", help="comma-separated projection (default: whole rows)")
     add("versions", cmd_versions, "list versions")
     return p
 
