@@ -192,6 +192,12 @@ class Connection:
         with self._lock:
             self._files.pop(name, None)
 
+    def sql(self, query: str) -> pa.Table:
+        """Run one read-only SQL query over every table (pinned snapshots) and the search table functions."""
+        from superfile.sql import run_sql
+
+        return run_sql(self, query)
+
     def __repr__(self) -> str:
         return f"Connection({self.uri!r})"
 

@@ -20,6 +20,7 @@ __all__ = [
     "ReadOnlyTableError",
     "SchemaMismatchError",
     "ShortReadError",
+    "SqlError",
     "StorageError",
     "SuperfileError",
     "TableExistsError",
@@ -68,6 +69,10 @@ class InvalidTableNameError(InvalidInputError):
 
 class InvalidOptionError(InvalidInputError):
     """A table or search option has an invalid value."""
+
+
+class SqlError(InvalidInputError):
+    """A SQL query could not be parsed, planned or run, or tried something SQL may not do."""
 
 
 class TableNotFoundError(SuperfileError, KeyError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import threading
 import zlib
 from collections.abc import Iterator
@@ -415,11 +416,15 @@ def test_extraction_is_shared_and_repaired(built: BuiltSuperfile, tmp_path: Path
     assert all(r == results[0] for r in results)
     (entry,) = os.listdir(cache)
     assert entry.startswith("dir_shared.parquet-") and os.listdir(os.path.join(cache, entry)) == ["text"]
-    extracted = os.path.join(cache, entry, "text")
+    # A crash leaves a damaged extraction that no live process maps: damage a copy, not the mapped files
+    # (truncating a file other readers have memory-mapped would kill this process with SIGBUS).
+    damaged = str(tmp_path / "damaged")
+    shutil.copytree(cache, damaged)
+    extracted = os.path.join(damaged, entry, "text")
     victim = next(n for n in os.listdir(extracted) if n.endswith(".idx"))
     with open(os.path.join(extracted, victim), "r+b") as fh:
         fh.truncate(1)  # as after a crash: a later reader must not trust it
-    again = SuperfileReader.open(built.data, name="dir/shared.parquet", cache_dir=cache).fulltext("text")
+    again = SuperfileReader.open(built.data, name="dir/shared.parquet", cache_dir=damaged).fulltext("text")
     assert again.search(again.analyze("boundary layer"), 5)[0].tolist() == results[0]
 
 

@@ -503,9 +503,11 @@ class FullTextIndex:
         key = (n_glob, tokens_glob)
         found = self._length_cache.get(key)
         if found is None:
-            if len(self._length_cache) >= 8:  # a table has one corpus per version: a few suffice
-                self._length_cache.pop(next(iter(self._length_cache)), None)
-            found = self._length_cache[key] = _Lengths.make(self.num_docs, norms, n_glob, tokens_glob)
+            found = _Lengths.make(self.num_docs, norms, n_glob, tokens_glob)
+            with self._analyzer_lock:  # a short critical section; the analyzer's lock serves
+                if len(self._length_cache) >= 8:  # a table has one corpus per version: a few suffice
+                    self._length_cache.pop(next(iter(self._length_cache)))
+                self._length_cache[key] = found
         return found
 
     def _norm_data(self) -> _Norms:
@@ -608,10 +610,10 @@ class FullTextIndex:
         How: tantivy ranks candidates with idf-corrected boosts (its own avgdl);
         a candidate's tf per term is recovered by inverting tantivy's score of
         that term alone; exact scores come from tf, the stored fieldnorm and the
-        global statistics. A local score bounds the global one within a factor
-        that depends only on dl (BM25's tf part is monotone in avgdl), so more
-        candidates are read (4x per round) until the k-th exact score beats the
-        bound of every row not read yet.
+        global statistics, only for candidates that can still make the top-k.
+        A local score bounds the global one given dl (see :meth:`_Lengths.ratio`),
+        so more candidates are read (4x per round) until the k-th exact score
+        beats the bound of every row not read yet. See docs/format.md.
         """
         required = _mode(mode)
         uniq = list(dict.fromkeys(terms))

@@ -40,6 +40,7 @@ __all__ = [
     "footer_bounds",
     "footer_self_crc",
     "fts_section",
+    "idx_section",
     "parse_directory",
     "vec_section",
 ]
@@ -70,6 +71,11 @@ def vec_section(column: str) -> str:
     return f"vec/{column}"
 
 
+def idx_section(column: str) -> str:
+    """The scalar index of ``column`` (kind ``bitmap`` or ``sorted``)."""
+    return f"idx/{column}"
+
+
 @dataclass(frozen=True)
 class Section:
     """A byte range of a superfile: absolute ``offset``, ``length`` and the zlib CRC-32 of those bytes."""
@@ -96,6 +102,7 @@ class SuperfileSpec:
 
     fts_columns: Mapping[str, str] = field(default_factory=dict)  # column -> tokenizer
     vector_columns: Mapping[str, VectorColumnSpec] = field(default_factory=dict)
+    scalar_indexes: Mapping[str, str] = field(default_factory=dict)  # column -> "bitmap" | "sorted"
     compression: str = "zstd"
     row_group_size: int = 65536  # at most this many rows per row group ...
     row_group_bytes: int = 4 << 20  # ... and about this much Arrow data (reading one row decodes its group)

@@ -22,9 +22,11 @@ from superfile.format.layout import (
     check_footer,
     footer_bounds,
     fts_section,
+    idx_section,
     parse_directory,
     vec_section,
 )
+from superfile.format.scalar_index import ScalarIndex
 from superfile.format.vector_index import VectorIndex
 
 __all__ = ["DEFAULT_CACHE_DIR", "SuperfileReader"]
@@ -56,10 +58,16 @@ class SuperfileReader:
         self._cache_dir = cache_dir
         counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         self._rg_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        self._info = {str(e.get("column")): e for e in directory["sections"] if "column" in e}
+        # fts/vec metadata by column (a column may also have an idx/ section, which carries "column" too)
+        self._info = {
+            str(e.get("column")): e
+            for e in directory["sections"]
+            if "column" in e and not str(e.get("name", "")).startswith("idx/")
+        }
         self._lock = threading.Lock()
         self._fulltext: dict[str, FullTextIndex] = {}
         self._vector: dict[str, VectorIndex] = {}
+        self._scalar: dict[str, ScalarIndex] = {}
 
     @classmethod
     def open(
@@ -175,6 +183,16 @@ class SuperfileReader:
                 section = self._section(column, vec_section(column))
                 index = VectorIndex.from_buffer(self.blob(section.name))
                 self._vector[column] = index
+            return index
+
+    def scalar_index(self, column: str) -> ScalarIndex:
+        """The column's scalar index (``bitmap`` or ``sorted``) over a zero-copy view of its blob, cached."""
+        with self._lock:
+            index = self._scalar.get(column)
+            if index is None:
+                section = self._section(column, idx_section(column))
+                index = ScalarIndex(self.blob(section.name), source=self.name)
+                self._scalar[column] = index
             return index
 
     def vectors(self, column: str, rows: np.ndarray | None = None) -> pa.FixedSizeListArray:

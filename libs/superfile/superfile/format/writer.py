@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, cast
 
@@ -47,6 +47,7 @@ from superfile.format.layout import (
     fts_section,
     vec_section,
 )
+from superfile.format.scalar_index import KINDS, prepare_scalar_index
 from superfile.format.vector_index import build_vector_index
 
 __all__ = ["ID_COLUMN", "build_superfile"]
@@ -57,11 +58,13 @@ _MIN_GROUP_ROWS = 1024  # below this, footers grow (statistics per group and col
 
 def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None = None) -> BuiltSuperfile:
     """Write ``data`` as one superfile: Parquet (``_id`` first, vector columns left out) plus one tantivy
-    blob per full-text column and one vector blob per vector column. Row offset i is document i in every
-    index. Thread-safe: builds share no state (``work_dir`` holds temporary index directories).
+    blob per full-text column, one vector blob per vector column and one scalar index (``idx/<column>``)
+    per entry of ``spec.scalar_indexes``. Row offset i is document i in every index. Thread-safe: builds
+    share no state (``work_dir`` holds temporary index directories).
     """
     _validate(data, spec)
-    blobs: list[tuple[dict[str, object], bytes]] = []
+    # a blob is bytes, or a function of its absolute file offset (scalar indexes align their arrays to it)
+    blobs: list[tuple[dict[str, object], bytes | Callable[[int], bytes]]] = []
     terms: dict[str, list[str]] = {}
     fts_stats: dict[str, tuple[int, int]] = {}
     for column, tokenizer in spec.fts_columns.items():
@@ -81,6 +84,9 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
         blobs.append((info, fts.blob))
     for column, vspec in spec.vector_columns.items():
         blobs.append(_vector_blob(data.column(column), column, vspec))
+    for column, kind in spec.scalar_indexes.items():
+        parts = prepare_scalar_index(data.column(column), kind, column)  # raises before anything is written
+        blobs.append((parts.info(), parts.encode))
     # _id again as raw little-endian u64: search results resolve ids with a zero-copy view, no Parquet decode
     ids = np.asarray(data.column(ID_COLUMN).to_numpy(), dtype="<u8")
     blobs.append(({"name": IDS_SECTION, "kind": "u64le"}, ids.tobytes()))
@@ -103,7 +109,8 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
         sections = [Section("data", "parquet", 0, data_end, data_crc)]
         entries: list[dict[str, object]] = [_entry(sections[0], {})]
         offset = data_end
-        for info, blob in blobs:
+        for info, make in blobs:
+            blob = make if isinstance(make, bytes) else make(offset)
             s = Section(str(info["name"]), str(info["kind"]), offset, len(blob), zlib.crc32(blob))
             sink.write(blob)
             sections.append(s)
@@ -206,6 +213,13 @@ def _validate(data: pa.Table, spec: SuperfileSpec) -> None:
             raise UnknownColumnError(f"indexed column {c!r} is not in the data")
         if c == ID_COLUMN:
             raise InvalidOptionError(f"{ID_COLUMN!r} cannot be indexed")
+    for c, kind in spec.scalar_indexes.items():
+        if c not in names:
+            raise UnknownColumnError(f"indexed column {c!r} is not in the data")
+        if c in spec.vector_columns:
+            raise InvalidOptionError(f"vector column {c!r} cannot have a scalar index")
+        if kind not in KINDS:
+            raise InvalidOptionError(f"scalar index of {c!r} must be one of {KINDS}, got {kind!r}")
     overlap = set(spec.fts_columns) & set(spec.vector_columns)
     if overlap:
         raise InvalidOptionError(f"columns {sorted(overlap)} cannot be both full-text and vector columns")

@@ -1,0 +1,188 @@
+"""The search table functions: each runs the engine's per-superfile search fan-out on the query's pinned snapshot
+and hands the hits back to DataFusion as a relation of ``_id``, the projected scalar columns and ``score``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+from datafusion import Table
+
+from superfile.errors import InvalidInputError
+from superfile.schema import ID, SCORE
+from superfile.table.search import Searcher
+
+if TYPE_CHECKING:
+    from superfile.sql.context import SqlSession
+
+__all__ = ["FUNCTIONS", "RRF_K", "TableFunctionError", "rrf_fuse"]
+
+RRF_K = 60  # the reciprocal-rank-fusion constant: score = sum over retrievers of 1 / (RRF_K + rank)
+
+
+class TableFunctionError(InvalidInputError):
+    """A table function's arguments or run failed (re-raised as SqlError by the session)."""
+
+
+def _value(arg: Any, fn: str, pos: int) -> Any:
+    try:
+        value = arg.python_value()
+    except Exception:  # noqa: BLE001 - not a literal
+        raise TableFunctionError(f"{fn}: argument {pos} must be a literal, got {arg}") from None
+    if hasattr(value, "as_py"):
+        value = value.as_py()
+    return value
+
+
+def _str(args: tuple[Any, ...], i: int, fn: str, what: str) -> str:
+    v = _value(args[i], fn, i + 1)
+    if not isinstance(v, str):
+        raise TableFunctionError(f"{fn}: {what} (argument {i + 1}) must be a string, got {v!r}")
+    return v
+
+
+def _int(args: tuple[Any, ...], i: int, fn: str, what: str) -> int:
+    v = _value(args[i], fn, i + 1)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TableFunctionError(f"{fn}: {what} (argument {i + 1}) must be an integer, got {v!r}")
+    return v
+
+
+def _vector(args: tuple[Any, ...], i: int, fn: str) -> list[float]:
+    v = _value(args[i], fn, i + 1)
+    if not isinstance(v, list | tuple) or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+        raise TableFunctionError(
+            f"{fn}: the query vector (argument {i + 1}) must be an array literal of numbers, e.g. [0.1, 0.2]"
+        )
+    return [float(x) for x in v]
+
+
+def _arity(args: tuple[Any, ...], fn: str, low: int, high: int, usage: str) -> None:
+    if not low <= len(args) <= high:
+        raise TableFunctionError(f"{fn} takes {usage}; got {len(args)} arguments")
+
+
+def _relation(result: pa.Table, cols: list[str]) -> Table:
+    """``_id``, the projected columns, ``score`` (in that order) as a DataFusion table."""
+    out = pa.table(
+        [result.column(ID), *(result.column(c) for c in cols), result.column(SCORE)],
+        schema=pa.schema([result.schema.field(ID), *(result.schema.field(c) for c in cols), result.schema.field(SCORE)]),
+    )
+    return Table(ds.dataset(out))
+
+
+def _target(session: SqlSession, args: tuple[Any, ...], fn: str) -> tuple[Searcher, list[str]]:
+    name = session._resolve(_str(args, 0, fn, "the table name"))
+    snap = session.snapshot(name)
+    cols = [c for c in session.needed_columns(snap) if c not in (ID, SCORE)]
+    return Searcher(snap), cols
+
+
+def vector_search(session: SqlSession, *args: Any) -> Table:
+    fn = "vector_search"
+    _arity(args, fn, 4, 4, "(table, column, query_vector, k)")
+    searcher, cols = _target(session, args, fn)
+    column, q, k = _str(args, 1, fn, "the column"), _vector(args, 2, fn), _int(args, 3, fn, "k")
+    result = searcher.vector_search(
+        column, q, k, nprobe=None, rerank=None, text_filter=None, where=None, projection=cols
+    )
+    return _relation(result, cols)
+
+
+def bm25_search(session: SqlSession, *args: Any) -> Table:
+    fn = "bm25_search"
+    _arity(args, fn, 4, 5, "(table, column, query, k [, mode 'any'|'all'])")
+    searcher, cols = _target(session, args, fn)
+    mode = _str(args, 4, fn, "the mode") if len(args) > 4 else "any"
+    result = searcher.bm25_search(
+        _str(args, 1, fn, "the column"), _str(args, 2, fn, "the query"), _int(args, 3, fn, "k"), mode, cols
+    )
+    return _relation(result, cols)
+
+
+def bm25_search_prefix(session: SqlSession, *args: Any) -> Table:
+    fn = "bm25_search_prefix"
+    _arity(args, fn, 4, 4, "(table, column, prefix, k)")
+    searcher, cols = _target(session, args, fn)
+    result = searcher.bm25_search_prefix(
+        _str(args, 1, fn, "the column"), _str(args, 2, fn, "the prefix"), _int(args, 3, fn, "k"), cols
+    )
+    return _relation(result, cols)
+
+
+def token_match(session: SqlSession, *args: Any) -> Table:
+    fn = "token_match"
+    _arity(args, fn, 3, 4, "(table, column, query [, mode 'and'|'or'])")
+    searcher, cols = _target(session, args, fn)
+    mode = _str(args, 3, fn, "the mode") if len(args) > 3 else "and"
+    result = searcher.token_match(_str(args, 1, fn, "the column"), _str(args, 2, fn, "the query"), mode, cols)
+    return _relation(result, cols)
+
+
+def exact_match(session: SqlSession, *args: Any) -> Table:
+    fn = "exact_match"
+    _arity(args, fn, 3, 3, "(table, column, value)")
+    searcher, cols = _target(session, args, fn)
+    result = searcher.exact_match(_str(args, 1, fn, "the column"), _str(args, 2, fn, "the value"), cols)
+    return _relation(result, cols)
+
+
+def rrf_fuse(rankings: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal-rank fusion of ranked id lists: the top ``k`` ids and their fused scores (ties: ``_id``)."""
+    scores: dict[int, float] = {}
+    for ids in rankings:
+        for rank, i in enumerate(ids.tolist(), start=1):
+            scores[i] = scores.get(i, 0.0) + 1.0 / (RRF_K + rank)
+    if not scores:
+        return np.zeros(0, np.uint64), np.zeros(0, np.float64)
+    ids = np.fromiter(scores.keys(), np.uint64, len(scores))
+    fused = np.fromiter(scores.values(), np.float64, len(scores))
+    order = np.lexsort((ids, -fused))[:k]
+    return ids[order], fused[order]
+
+
+def hybrid_search(session: SqlSession, *args: Any) -> Table:
+    fn = "hybrid_search"
+    _arity(args, fn, 6, 6, "(table, text_column, query_text, vector_column, query_vector, k)")
+    name = session._resolve(_str(args, 0, fn, "the table name"))
+    snap = session.snapshot(name)
+    cols = [c for c in session.needed_columns(snap) if c not in (ID, SCORE)]
+    text_col, q_text = _str(args, 1, fn, "the text column"), _str(args, 2, fn, "the text query")
+    vec_col, q_vec, k = _str(args, 3, fn, "the vector column"), _vector(args, 4, fn), _int(args, 5, fn, "k")
+    if k < 1:
+        raise TableFunctionError(f"{fn}: k must be at least 1, got {k}")
+    depth = max(k, 100)  # each retriever's list length: fusion needs more than the final k
+
+    def text() -> pa.Table:
+        return Searcher(snap).bm25_search(text_col, q_text, depth, "any", cols)
+
+    def vector() -> pa.Table:
+        return Searcher(snap).vector_search(
+            vec_col, q_vec, depth, nprobe=None, rerank=None, text_filter=None, where=None, projection=cols
+        )
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="superfile-hybrid") as pool:
+        futures = [pool.submit(text), pool.submit(vector)]
+        results = [f.result() for f in futures]
+    ids, fused = rrf_fuse([np.asarray(r.column(ID).to_numpy(), np.uint64) for r in results], k)
+    both = pa.concat_tables([r.select([ID, *cols]) for r in results])
+    first: dict[int, int] = {}
+    for row, i in enumerate(both.column(ID).to_pylist()):
+        first.setdefault(i, row)
+    rows = both.take(pa.array([first[i] for i in ids.tolist()], pa.int64()))
+    out = rows.append_column(pa.field(SCORE, pa.float64()), pa.array(fused, pa.float64()))
+    return _relation(out, cols)
+
+
+FUNCTIONS: dict[str, Callable[..., Table]] = {
+    "vector_search": vector_search,
+    "bm25_search": bm25_search,
+    "bm25_search_prefix": bm25_search_prefix,
+    "token_match": token_match,
+    "exact_match": exact_match,
+    "hybrid_search": hybrid_search,
+}

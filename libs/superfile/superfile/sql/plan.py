@@ -1,0 +1,150 @@
+"""Static analysis of a query with sqlglot: which tables it names, which columns it may need, what to push down.
+
+Everything here is a *hint* that must stay conservative: the columns found are
+a superset of the ones the query reads, and a pushed-down filter is only ever
+a conjunct of the ``WHERE`` of a ``SELECT`` whose only input is that table, so
+the full query (which DataFusion still runs unchanged) gives the same answer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import sqlglot
+from sqlglot import exp
+
+__all__ = ["QueryHints", "analyze"]
+
+_DIALECTS = ("postgres", "duckdb", None)
+
+
+@dataclass
+class QueryHints:
+    """What the query may touch, as far as a parse can tell."""
+
+    parsed: bool = False
+    star: bool = True  # ``*`` (or an unparsable query): every scalar column may be needed
+    identifiers: set[str] = field(default_factory=set)  # every identifier, as written and lower-cased
+    words: set[str] = field(default_factory=set)  # every word of the text (table discovery fallback)
+    pushdown: dict[str, list[str]] = field(default_factory=dict)  # table name -> WHERE conjuncts (SQL text)
+
+    def mentions_table(self, name: str) -> bool:
+        return name in self.words or name.lower() in self.words
+
+    def columns(self, names: Iterable[str]) -> list[str] | None:
+        """The subset of ``names`` the query may read (``None``: all of them)."""
+        if self.star:
+            return None
+        return [n for n in names if n in self.identifiers or n.lower() in self.identifiers]
+
+
+def _parse(query: str) -> exp.Expression | None:
+    for dialect in _DIALECTS:
+        try:
+            statements = sqlglot.parse(query, read=dialect)
+        except Exception:  # noqa: BLE001 - any parse failure just means "no hints"
+            continue
+        if len(statements) == 1 and statements[0] is not None:
+            return statements[0]
+    return None
+
+
+def _named_tables(tree: exp.Expression) -> list[exp.Table]:
+    return [t for t in tree.find_all(exp.Table) if isinstance(t.this, exp.Identifier)]
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    if isinstance(node, exp.Paren):
+        return _conjuncts(node.this)
+    if isinstance(node, exp.And):
+        return _conjuncts(node.left) + _conjuncts(node.right)
+    return [node]
+
+
+_SIMPLE = (
+    exp.Column,
+    exp.Identifier,
+    exp.Literal,
+    exp.Null,
+    exp.Boolean,
+    exp.Neg,
+    exp.Paren,
+    exp.EQ,
+    exp.NEQ,
+    exp.GT,
+    exp.GTE,
+    exp.LT,
+    exp.LTE,
+    exp.In,
+    exp.Between,
+    exp.Is,
+    exp.Not,
+    exp.Or,
+    exp.And,
+    exp.Like,
+)
+
+
+def _pushable(conjunct: exp.Expression, qualifiers: set[str]) -> bool:
+    """Only column-vs-literal comparisons (and their AND/OR/NOT): no arithmetic, casts, functions or subqueries,
+    so the engine's predicate evaluator and DataFusion cannot disagree on coercions."""
+    if not all(isinstance(n, _SIMPLE) for n in conjunct.walk()):
+        return False
+    if isinstance(conjunct, exp.Like) and conjunct.args.get("escape"):
+        return False
+    cols = list(conjunct.find_all(exp.Column))
+    if not cols:
+        return False
+    return all(not c.table or c.table in qualifiers for c in cols)
+
+
+def _find_pushdown(tree: exp.Expression, hints: QueryHints) -> None:
+    named = _named_tables(tree)
+    counts: dict[str, int] = {}
+    for t in named:
+        counts[t.name] = counts.get(t.name, 0) + 1
+    ctes = {c.alias_or_name for c in tree.find_all(exp.CTE)}
+    for t in named:
+        if counts[t.name] != 1 or t.name in ctes or t.args.get("db") or t.args.get("catalog"):
+            continue
+        select = t.parent_select
+        if select is None or select.args.get("joins") or t.find_ancestor(exp.Join) is not None:
+            continue
+        from_ = select.args.get("from_") or select.args.get("from")
+        if from_ is None or from_.this is not t:
+            continue
+        where = select.args.get("where")
+        if where is None:
+            continue
+        qualifiers = {t.name, t.alias_or_name}
+        pushed = [
+            # qualifiers are dropped: the predicate is evaluated over this table alone
+            c.transform(lambda n: exp.column(n.name, quoted=True) if isinstance(n, exp.Column) else n).sql(
+                dialect="postgres"
+            )
+            for c in _conjuncts(where.this)
+            if _pushable(c, qualifiers)
+        ]
+        if pushed:
+            hints.pushdown[t.name] = pushed
+
+
+def analyze(query: str) -> QueryHints:
+    """Hints for ``query``; an unparsable query gets the fully conservative hints."""
+    hints = QueryHints(words={w for w in re.findall(r"[A-Za-z0-9_\-]+", query)})
+    hints.words |= {w.lower() for w in hints.words}
+    tree = _parse(query)
+    if tree is None:
+        return hints
+    hints.parsed = True
+    hints.star = any(isinstance(s.parent, exp.Select | exp.Column) for s in tree.find_all(exp.Star))
+    for ident in tree.find_all(exp.Identifier):
+        hints.identifiers.add(ident.name)
+        hints.identifiers.add(ident.name.lower())
+    try:
+        _find_pushdown(tree, hints)
+    except Exception:  # noqa: BLE001 - pushdown is an optimization only
+        hints.pushdown.clear()
+    return hints
