@@ -229,9 +229,9 @@ class Literal(Node):
         return None
 
 
-@dataclass(frozen=True, eq=False)
-class Negate(Node):
-    operand: Node
+class _Numeric(Node):
+    """An arithmetic node: its kind and type follow the numeric ``result`` type fixed at parse time."""
+
     result: pa.DataType
 
     @property
@@ -244,19 +244,17 @@ class Negate(Node):
 
 
 @dataclass(frozen=True, eq=False)
-class Arith(Node):
+class Negate(_Numeric):
+    operand: Node
+    result: pa.DataType
+
+
+@dataclass(frozen=True, eq=False)
+class Arith(_Numeric):
     op: str
     left: Node
     right: Node
     result: pa.DataType
-
-    @property
-    def kind(self) -> Kind:
-        return Kind.INT if pa.types.is_integer(self.result) else Kind.FLOAT
-
-    @property
-    def dtype(self) -> pa.DataType:
-        return self.result
 
 
 @dataclass(frozen=True, eq=False)
