@@ -20,6 +20,7 @@ __all__ = ["CONSISTENCY_LEVELS", "TOKENIZERS", "PartitionSpec", "TableOptions", 
 TOKENIZERS = ("english", "simple", "raw", "whitespace")
 METRICS = ("cosine", "l2", "dot")
 CONSISTENCY_LEVELS = ("strong", "bounded", "snapshot")
+SCALAR_INDEX_KINDS = ("auto", "bitmap", "sorted", "none")
 _TRANSFORM = re.compile(r"^(identity|year|month|day|bucket\[(\d+)\])$")
 
 
@@ -71,6 +72,8 @@ class TableOptions:
     fts_columns: Mapping[str, str] = field(default_factory=dict)  # column -> tokenizer
     vector_columns: Mapping[str, VectorColumn] = field(default_factory=dict)
     partition: PartitionSpec | None = None
+    # column -> "auto" | "bitmap" | "sorted" | "none"; unlisted scalar columns get "auto" (see commit/build.py)
+    scalar_indexes: Mapping[str, str] = field(default_factory=dict)
     consistency: str = "strong"
     max_staleness_s: float = 1.0
     max_rows_per_superfile: int = 100_000
@@ -86,6 +89,9 @@ class TableOptions:
         for name, tok in self.fts_columns.items():
             if tok not in TOKENIZERS:
                 raise InvalidOptionError(f"tokenizer for {name!r} must be one of {TOKENIZERS}, got {tok!r}")
+        for name, kind in self.scalar_indexes.items():
+            if kind not in SCALAR_INDEX_KINDS:
+                raise InvalidOptionError(f"scalar index for {name!r} must be one of {SCALAR_INDEX_KINDS}, got {kind!r}")
         if self.consistency not in CONSISTENCY_LEVELS:
             raise InvalidOptionError(f"consistency must be one of {CONSISTENCY_LEVELS}, got {self.consistency!r}")
         for name in (
@@ -111,6 +117,11 @@ class TableOptions:
                 raise UnknownColumnError(f"full-text column {col!r} is not in the schema")
             if not (pa.types.is_string(schema.field(col).type) or pa.types.is_large_string(schema.field(col).type)):
                 raise InvalidOptionError(f"full-text column {col!r} must be a string column")
+        for col in self.scalar_indexes:
+            if col not in names:
+                raise UnknownColumnError(f"scalar index column {col!r} is not in the schema")
+            if col in self.vector_columns:
+                raise InvalidOptionError(f"vector column {col!r} cannot have a scalar index")
         for col, spec in self.vector_columns.items():
             if col not in names:
                 raise UnknownColumnError(f"vector column {col!r} is not in the schema")
@@ -139,6 +150,7 @@ class TableOptions:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["fts_columns"] = dict(self.fts_columns)
+        d["scalar_indexes"] = dict(self.scalar_indexes)
         d["vector_columns"] = {
             k: {"dim": v.dim, "metric": v.metric, "index": dict(v.index)} for k, v in self.vector_columns.items()
         }
@@ -153,6 +165,7 @@ class TableOptions:
             raise InvalidOptionError(f"unknown table options: {sorted(unknown)}")
         kw = dict(d)
         kw["fts_columns"] = dict(d.get("fts_columns") or {})
+        kw["scalar_indexes"] = dict(d.get("scalar_indexes") or {})
         kw["vector_columns"] = {
             k: v if isinstance(v, VectorColumn) else VectorColumn(**v)
             for k, v in (d.get("vector_columns") or {}).items()

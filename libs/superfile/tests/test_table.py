@@ -442,3 +442,51 @@ def test_cold_part_is_fetched_once_by_concurrent_readers(tmp_path: Path) -> None
         counts = list(pool.map(lambda _: cold.count_rows("x >= 0"), range(16)))
     assert counts == [20] * 16
     assert cold.stats()["manifest_parts_fetched"] == 10  # each of the 10 parts fetched once, not 16 times
+
+
+def test_where_through_indexes_equals_scan() -> None:
+    import datetime
+
+    from superfile.expressions import parse_predicate
+
+    rng = random.Random(11)
+    n = 3000
+    data = pa.table(
+        {
+            "label": [rng.choice(["cat", "dog", "eel", None]) for _ in range(n)],
+            "x": [rng.randrange(-50, 50) if rng.random() > 0.05 else None for _ in range(n)],
+            "f": [rng.random() * 10 for _ in range(n)],
+            "flag": [rng.random() < 0.3 for _ in range(n)],
+            "ts": [datetime.datetime(2026, 1, 1) + datetime.timedelta(minutes=rng.randrange(10**6)) for _ in range(n)],
+            "body": [rng.choice(["alpha beta", "beta gamma", "gamma", None]) for _ in range(n)],
+        }
+    )
+    schema = data.schema
+    indexed = fresh_table("idx", schema, fts_columns=["body"], max_rows_per_superfile=1000)
+    kinds = {c: "none" for c in ["label", "x", "f", "flag", "ts"]}
+    scanned = fresh_table("scan", schema, fts_columns=["body"], scalar_indexes=kinds, max_rows_per_superfile=1000)
+    for t in (indexed, scanned):
+        t.append(data)
+        t.delete("x = 7 OR label = 'eel' AND flag")
+    snap = indexed._current()
+    entry = snap.entries()[0]
+    assert {"idx/label", "idx/x", "idx/f", "idx/flag", "idx/ts"} <= set(snap.files.open(entry).sections)
+    kept = data.filter(
+        pc.invert(pc.fill_null(parse_predicate("x = 7 OR label = 'eel' AND flag", schema).evaluate(data), False))
+    )
+    predicates = [
+        "label = 'cat'",
+        "label IN ('dog', 'eel') AND x > 10",
+        "x BETWEEN -5 AND 5 OR flag",
+        "x IS NULL",
+        "label IS NOT NULL AND f < 2.5",
+        "ts >= TIMESTAMP '2026-06-01 00:00:00'",
+        "body = 'beta gamma'",
+        "body IN ('gamma', 'alpha beta') AND NOT flag",
+        "x != 3 AND label <> 'dog'",
+        "NOT (x < 0)",
+    ]
+    for where in predicates:
+        want = sorted(kept.filter(parse_predicate(where, schema).evaluate(kept)).column("f").to_pylist())
+        assert sorted(indexed.to_arrow(columns=["f"], where=where).column("f").to_pylist()) == want, where
+        assert sorted(scanned.to_arrow(columns=["f"], where=where).column("f").to_pylist()) == want, where

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from superfile.commit.shard import Shard
 from superfile.commit.summarize import summarize
-from superfile.format import SuperfileSpec, VectorColumnSpec, build_superfile
+from superfile.format import BITMAP_CARDINALITY_LIMIT, SuperfileSpec, VectorColumnSpec, build_superfile
 from superfile.format.vector_index import VectorIndexParams
 from superfile.io import Storage
 from superfile.manifest.model import SuperfileEntry
@@ -28,8 +32,55 @@ def superfile_spec(options: TableOptions) -> SuperfileSpec:
     )
 
 
+def _indexable(t: pa.DataType) -> bool:
+    return any(
+        check(t)
+        for check in (
+            pa.types.is_boolean,
+            pa.types.is_integer,
+            pa.types.is_floating,
+            pa.types.is_timestamp,
+            pa.types.is_date,
+            pa.types.is_string,
+            pa.types.is_large_string,
+        )
+    )
+
+
+def scalar_index_kinds(rows: pa.Table, options: TableOptions) -> dict[str, str]:
+    """The scalar index of each column of one superfile.
+
+    ``auto`` (the default for every scalar column that is not full-text):
+    bool -> bitmap; a column with few distinct values (at most 1/16 of the rows and
+    at most the bitmap limit) -> bitmap; numbers, times and short strings -> sorted;
+    long strings (mean over 64 bytes) -> none.
+    """
+    kinds: dict[str, str] = {}
+    for field in rows.schema:
+        name, kind = field.name, options.scalar_indexes.get(field.name, "auto")
+        auto = kind == "auto"
+        if kind == "none" or name in options.vector_columns or (auto and name in options.fts_columns):
+            continue
+        if auto:
+            if not _indexable(field.type):
+                continue
+            column = rows.column(name)
+            distinct = pc.count_distinct(column, mode="all").as_py()
+            if pa.types.is_boolean(field.type) or distinct <= min(BITMAP_CARDINALITY_LIMIT, rows.num_rows // 16):
+                kind = "bitmap"
+            elif pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+                valid = max(1, rows.num_rows - column.null_count)
+                total = pc.sum(pc.binary_length(column)).as_py() or 0
+                kind = "sorted" if total <= 64 * valid else "none"
+            else:
+                kind = "sorted"
+        if kind != "none":
+            kinds[name] = kind
+    return kinds
+
+
 def _build_one(shard: Shard, spec: SuperfileSpec, options: TableOptions, storage: Storage) -> SuperfileEntry:
-    built = build_superfile(shard.rows, spec)
+    built = build_superfile(shard.rows, replace(spec, scalar_indexes=scalar_index_kinds(shard.rows, options)))
     path = f"data/{uuid.uuid4().hex}.parquet"
     storage.write(path, built.data)
     return summarize(shard.rows, built, path, shard.partition, options)

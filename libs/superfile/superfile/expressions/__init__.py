@@ -33,6 +33,11 @@ class Predicate:
         self._text = to_sql(root)
         self.columns: frozenset[str] = frozenset(c.name for c in iter_columns(root))
 
+    @property
+    def root(self) -> Node:
+        """The typed tree, for planners that map parts of it to indexes."""
+        return self._root
+
     def to_arrow(self) -> pc.Expression:
         """Lazy Arrow expression (for ``pyarrow.dataset`` / ``Table.filter``); NULL rows are not selected."""
         expression: pc.Expression = compile_node(self._root, ExpressionBackend())

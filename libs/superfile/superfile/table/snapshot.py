@@ -20,6 +20,7 @@ from superfile.manifest.model import ManifestList, PartRef, SuperfileEntry
 from superfile.manifest.store import ManifestStore
 from superfile.pools import query_pool
 from superfile.schema import ID
+from superfile.table.index_filter import candidate_rows
 
 __all__ = ["Snapshot", "TableFiles"]
 
@@ -103,11 +104,25 @@ class Snapshot:
         return offsets
 
     def matching_offsets(self, entry: SuperfileEntry, where: Predicate | None) -> np.ndarray:
-        """Row offsets of live rows of one superfile that satisfy ``where``."""
+        """Row offsets of live rows of one superfile that satisfy ``where``.
+
+        When the superfile's indexes bound the predicate, only the candidate
+        rows are decoded and re-checked; otherwise the predicate's columns are scanned.
+        """
         offsets = self.live_offsets(entry)
         if where is None or not len(offsets):
             return offsets
-        cols = self.files.open(entry).read(sorted(where.columns))
+        reader = self.files.open(entry)
+        candidates = candidate_rows(where, reader, set(self.manifest.options.fts_columns))
+        if candidates is not None:
+            rows = offsets[np.isin(offsets, np.fromiter(candidates, np.int64, len(candidates)))]
+            if not len(rows):
+                return rows
+            mask = np.asarray(
+                where.evaluate(reader.read(sorted(where.columns), rows=rows)).to_numpy(zero_copy_only=False)
+            )
+            return rows[mask.astype(bool)]
+        cols = reader.read(sorted(where.columns))
         mask = np.asarray(where.evaluate(cols).to_numpy(zero_copy_only=False), dtype=bool)
         return offsets[mask[offsets]]
 
