@@ -9,16 +9,20 @@ disallowed, so a query can only read the rows handed to it.
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 from datafusion import SessionConfig, SessionContext, SQLOptions, udtf
 
 from superfile.errors import InvalidPredicateError, SqlError, SuperfileError, TableNotFoundError
 from superfile.expressions import Predicate, parse_predicate
+from superfile.schema import ID
 from superfile.sql.functions import FUNCTIONS, TableFunctionError
 from superfile.sql.plan import QueryHints, analyze
+from superfile.table.index_filter import candidate_rows
 from superfile.table.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -41,14 +45,81 @@ def _message(exc: BaseException) -> str:
     return text
 
 
+_PARTITIONS = 4
+
+
+_INDEXED_FRACTION = 0.1  # use a superfile's scalar / term indexes when they bound the rows to at most this share
+
+
+def _conform(table: pa.Table, columns: list[str], target: pa.Schema) -> pa.Table:
+    table = table.select(columns).replace_schema_metadata(None)  # each superfile has its own footer metadata
+    if table.schema.equals(target):
+        return table
+    types_match = all(a.type == b.type for a, b in zip(table.schema, target, strict=True))
+    return pa.Table.from_arrays(table.columns, schema=target) if types_match else table.cast(target)
+
+
+def scan(snap: Snapshot, columns: list[str], where: Predicate | None) -> list[pa.Table]:
+    """Live rows of the snapshot's superfiles that ``where`` may match, one table per superfile.
+
+    Superfiles are pruned by their manifest statistics first; each kept one is
+    read once (the needed columns plus the predicate's), and its deleted rows
+    and the rows failing ``where`` are dropped by one mask. Always at least one
+    (possibly empty) table, so the schema is known.
+    """
+    entries = sorted(snap.entries(where), key=lambda e: (e.id_min, e.path))
+    target = pa.schema([snap.schema.field(c) for c in columns])
+    need = list(dict.fromkeys([*columns, *sorted(where.columns if where is not None else ())]))
+
+    fts = set(snap.manifest.options.fts_columns)
+
+    def indexed(entry: Any) -> pa.Table | None:
+        """Index-bounded read: only the candidate rows the superfile's indexes allow, when they are few."""
+        reader = snap.files.open(entry)
+        assert where is not None
+        candidates = candidate_rows(where, reader, fts)
+        if candidates is None or len(candidates) > entry.rows * _INDEXED_FRACTION:
+            return None
+        deleted = snap.deleted(entry)
+        rows = np.fromiter((candidates - deleted) if len(deleted) else candidates, np.int64)
+        table = reader.read(need, rows=rows) if len(rows) else reader.read(need).slice(0, 0)
+        mask = np.asarray(where.evaluate(table).fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+        return _conform(table, columns, target).filter(pa.array(mask))
+
+    def one(entry: Any) -> pa.Table:
+        if where is not None:
+            bounded = indexed(entry)
+            if bounded is not None:
+                return bounded
+        table = snap.files.open(entry).read(need)
+        keep: np.ndarray | None = None
+        deleted = snap.deleted(entry)
+        if len(deleted):
+            keep = np.ones(table.num_rows, dtype=bool)
+            keep[np.fromiter(deleted, np.int64, len(deleted))] = False
+        if where is not None:
+            selected = where.evaluate(table).fill_null(False)
+            mask = np.asarray(selected.to_numpy(zero_copy_only=False), dtype=bool)
+            keep = mask if keep is None else keep & mask
+        table = _conform(table, columns, target)
+        return table if keep is None else table.filter(pa.array(keep))
+
+    tables = [t for t in snap.map(one, entries) if t.num_rows]
+    return tables or [target.empty_table()]
+
+
 class SqlSession:
     """Pinned snapshots (one per table, taken on first use) and the DataFusion context of one query."""
 
-    def __init__(self, conn: Connection, query: str) -> None:
+    def __init__(self, conn: Connection, query: str, *, conservative: bool = False) -> None:
         self.conn = conn
         self.query = query
-        self.hints: QueryHints = analyze(query)
+        self.hints: QueryHints = QueryHints() if conservative else analyze(query)
+        if conservative:  # every table whose name is a word of the query, every scalar column, nothing pushed
+            self.hints.words = {w for w in re.findall(r"[A-Za-z0-9_\-]+", query)}
+            self.hints.words |= {w.lower() for w in self.hints.words}
         self._snapshots: dict[str, Snapshot] = {}
+        self._names: list[str] | None = None
         self._lock = threading.Lock()
         self.error: SuperfileError | None = None  # the first error a table function raised
         self.pushed: dict[str, str] = {}  # table -> predicate text pushed into its scan (for tests and docs)
@@ -58,8 +129,14 @@ class SqlSession:
             self.ctx.register_udtf(udtf(self._bind(fn), name))
 
     # -- snapshots ------------------------------------------------------------------
+    def table_names(self) -> list[str]:
+        """The catalog's table names, listed once per query."""
+        if self._names is None:
+            self._names = self.conn.table_names()
+        return self._names
+
     def _resolve(self, name: str) -> str:
-        names = self.conn.table_names()
+        names = self.table_names()
         if name in names:
             return name
         folded = [n for n in names if n.lower() == name.lower()]
@@ -72,7 +149,7 @@ class SqlSession:
         with self._lock:
             snap = self._snapshots.get(name)
             if snap is None:
-                snap = self.conn.open_table(name)._current()
+                snap = self.conn.open_table(name)._snapshot  # opening read the latest pointer already
                 self._snapshots[name] = snap
             return snap
 
@@ -116,19 +193,21 @@ class SqlSession:
         return parse_predicate(self.pushed[name], snap.schema)
 
     def register_tables(self) -> None:
-        for name in self.conn.table_names():
+        for name in self.table_names():
             if not self.hints.mentions_table(name):
                 continue
             snap = self.snapshot(name)
-            rows = snap.scan(self.needed_columns(snap), self._pushdown(name, snap))
-            self._register(name, rows)
+            cols = self.needed_columns(snap) or [ID]  # count(*) and friends still need the row count
+            self._register(name, scan(snap, cols, self._pushdown(name, snap)))
 
-    def _register(self, name: str, rows: pa.Table) -> None:
-        batches = rows.to_batches()
-        if rows.num_rows > 65536:
-            size = max(65536, -(-rows.num_rows // 4))
-            batches = rows.combine_chunks().to_batches(max_chunksize=size)
-        partitions = [[b] for b in batches] or [[pa.RecordBatch.from_pylist([], schema=rows.schema)]]
+    def _register(self, name: str, parts: list[pa.Table]) -> None:
+        partitions: list[list[pa.RecordBatch]] = [[] for _ in range(_PARTITIONS)]
+        i = 0
+        for part in parts:
+            for batch in part.to_batches():
+                partitions[i % _PARTITIONS].append(batch)
+                i += 1
+        partitions = [p for p in partitions if p] or [[pa.RecordBatch.from_pylist([], schema=parts[0].schema)]]
         self.ctx.register_record_batches(name, partitions)
         if name.lower() != name and self.hints.mentions_table(name.lower()):
             self.ctx.register_record_batches(name.lower(), partitions)
@@ -143,7 +222,7 @@ class SqlSession:
             raise
         except SuperfileError as e:
             raise SqlError(str(e)) from e
-        except Exception as e:  # noqa: BLE001 - DataFusion raises plain Exceptions with the engine's message
+        except Exception as e:
             if self.error is not None:
                 raise SqlError(str(self.error)) from self.error
             raise SqlError(_message(e)) from e
@@ -153,4 +232,12 @@ def run_sql(conn: Connection, query: str) -> pa.Table:
     """Run one read-only SQL query over the connection's tables (see docs/sql.md)."""
     if not isinstance(query, str) or not query.strip():
         raise SqlError("the query must be a non-empty SQL string")
-    return SqlSession(conn, query).run()
+    session = SqlSession(conn, query)
+    try:
+        return session.run()
+    except SqlError as e:
+        # The static analysis is a hint; should it have missed a table or a column that DataFusion wants,
+        # run once more with the conservative hints (the first attempt returned nothing, so nothing is mixed).
+        if session.hints.parsed and session.error is None and ("not found" in str(e) or "No field named" in str(e)):
+            return SqlSession(conn, query, conservative=True).run()
+        raise

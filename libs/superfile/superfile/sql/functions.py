@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["FUNCTIONS", "RRF_K", "TableFunctionError", "rrf_fuse"]
 
 RRF_K = 60  # the reciprocal-rank-fusion constant: score = sum over retrievers of 1 / (RRF_K + rank)
+HYBRID_DEPTH = 100  # candidates taken from each retriever before fusion
 
 
 class TableFunctionError(InvalidInputError):
@@ -31,7 +32,7 @@ class TableFunctionError(InvalidInputError):
 def _value(arg: Any, fn: str, pos: int) -> Any:
     try:
         value = arg.python_value()
-    except Exception:  # noqa: BLE001 - not a literal
+    except Exception:
         raise TableFunctionError(f"{fn}: argument {pos} must be a literal, got {arg}") from None
     if hasattr(value, "as_py"):
         value = value.as_py()
@@ -70,7 +71,9 @@ def _relation(result: pa.Table, cols: list[str]) -> Table:
     """``_id``, the projected columns, ``score`` (in that order) as a DataFusion table."""
     out = pa.table(
         [result.column(ID), *(result.column(c) for c in cols), result.column(SCORE)],
-        schema=pa.schema([result.schema.field(ID), *(result.schema.field(c) for c in cols), result.schema.field(SCORE)]),
+        schema=pa.schema(
+            [result.schema.field(ID), *(result.schema.field(c) for c in cols), result.schema.field(SCORE)]
+        ),
     )
     return Table(ds.dataset(out))
 
@@ -155,7 +158,7 @@ def hybrid_search(session: SqlSession, *args: Any) -> Table:
     vec_col, q_vec, k = _str(args, 3, fn, "the vector column"), _vector(args, 4, fn), _int(args, 5, fn, "k")
     if k < 1:
         raise TableFunctionError(f"{fn}: k must be at least 1, got {k}")
-    depth = max(k, 100)  # each retriever's list length: fusion needs more than the final k
+    depth = max(k, HYBRID_DEPTH)  # each retriever's list length: fusion needs more than the final k
 
     def text() -> pa.Table:
         return Searcher(snap).bm25_search(text_col, q_text, depth, "any", cols)
@@ -171,8 +174,8 @@ def hybrid_search(session: SqlSession, *args: Any) -> Table:
     ids, fused = rrf_fuse([np.asarray(r.column(ID).to_numpy(), np.uint64) for r in results], k)
     both = pa.concat_tables([r.select([ID, *cols]) for r in results])
     first: dict[int, int] = {}
-    for row, i in enumerate(both.column(ID).to_pylist()):
-        first.setdefault(i, row)
+    for row, i in enumerate(both.column(ID).to_numpy().tolist()):
+        first.setdefault(int(i), row)
     rows = both.take(pa.array([first[i] for i in ids.tolist()], pa.int64()))
     out = rows.append_column(pa.field(SCORE, pa.float64()), pa.array(fused, pa.float64()))
     return _relation(out, cols)

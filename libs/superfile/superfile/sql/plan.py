@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import sqlglot
 from sqlglot import exp
@@ -28,10 +29,13 @@ class QueryHints:
     star: bool = True  # ``*`` (or an unparsable query): every scalar column may be needed
     identifiers: set[str] = field(default_factory=set)  # every identifier, as written and lower-cased
     words: set[str] = field(default_factory=set)  # every word of the text (table discovery fallback)
+    tables: set[str] | None = None  # names in FROM / JOIN positions, as written and lower-cased (None: unparsed)
     pushdown: dict[str, list[str]] = field(default_factory=dict)  # table name -> WHERE conjuncts (SQL text)
 
     def mentions_table(self, name: str) -> bool:
-        return name in self.words or name.lower() in self.words
+        """Whether the query may scan table ``name`` (table functions load their tables on their own)."""
+        names = self.words if self.tables is None else self.tables
+        return name in names or name.lower() in names
 
     def columns(self, names: Iterable[str]) -> list[str] | None:
         """The subset of ``names`` the query may read (``None``: all of them)."""
@@ -40,11 +44,11 @@ class QueryHints:
         return [n for n in names if n in self.identifiers or n.lower() in self.identifiers]
 
 
-def _parse(query: str) -> exp.Expression | None:
+def _parse(query: str) -> Any:
     for dialect in _DIALECTS:
         try:
             statements = sqlglot.parse(query, read=dialect)
-        except Exception:  # noqa: BLE001 - any parse failure just means "no hints"
+        except Exception:
             continue
         if len(statements) == 1 and statements[0] is not None:
             return statements[0]
@@ -55,7 +59,7 @@ def _named_tables(tree: exp.Expression) -> list[exp.Table]:
     return [t for t in tree.find_all(exp.Table) if isinstance(t.this, exp.Identifier)]
 
 
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+def _conjuncts(node: Any) -> list[Any]:
     if isinstance(node, exp.Paren):
         return _conjuncts(node.this)
     if isinstance(node, exp.And):
@@ -83,16 +87,13 @@ _SIMPLE = (
     exp.Not,
     exp.Or,
     exp.And,
-    exp.Like,
-)
+)  # LIKE is left to DataFusion: it cannot prune superfiles, and DataFusion's matcher is faster than Arrow's
 
 
 def _pushable(conjunct: exp.Expression, qualifiers: set[str]) -> bool:
     """Only column-vs-literal comparisons (and their AND/OR/NOT): no arithmetic, casts, functions or subqueries,
     so the engine's predicate evaluator and DataFusion cannot disagree on coercions."""
     if not all(isinstance(n, _SIMPLE) for n in conjunct.walk()):
-        return False
-    if isinstance(conjunct, exp.Like) and conjunct.args.get("escape"):
         return False
     cols = list(conjunct.find_all(exp.Column))
     if not cols:
@@ -139,12 +140,13 @@ def analyze(query: str) -> QueryHints:
     if tree is None:
         return hints
     hints.parsed = True
+    hints.tables = {t.name for t in _named_tables(tree)} | {t.name.lower() for t in _named_tables(tree)}
     hints.star = any(isinstance(s.parent, exp.Select | exp.Column) for s in tree.find_all(exp.Star))
     for ident in tree.find_all(exp.Identifier):
         hints.identifiers.add(ident.name)
         hints.identifiers.add(ident.name.lower())
     try:
         _find_pushdown(tree, hints)
-    except Exception:  # noqa: BLE001 - pushdown is an optimization only
+    except Exception:
         hints.pushdown.clear()
     return hints

@@ -68,11 +68,11 @@ def _bound(node: Node, reader: SuperfileReader, fts: set[str]) -> pyroaring.BitM
             return _lookup(reader, fts, _column(plan.subject), plan.op, plan.scalar.as_py())
         return None
     if isinstance(node, InList):
-        plan = node.plan
-        if isinstance(plan, ConstPlan) and plan.outcome is not None:
-            return _all(reader) if plan.outcome else pyroaring.BitMap()
-        if isinstance(plan, InPlan):
-            return _lookup(reader, fts, _column(plan.subject), "in", plan.value_set.to_pylist())
+        in_plan = node.plan
+        if isinstance(in_plan, ConstPlan) and in_plan.outcome is not None:
+            return _all(reader) if in_plan.outcome else pyroaring.BitMap()
+        if isinstance(in_plan, InPlan):
+            return _lookup(reader, fts, _column(in_plan.subject), "in", in_plan.value_set.to_pylist())
         return None
     if isinstance(node, IsNull):
         return _lookup(reader, fts, _column(node.operand), "is_null", None)
@@ -88,9 +88,9 @@ def _lookup(
         return reader.scalar_index(column).lookup(op, value)
     if column in fts and op in ("=", "in"):
         index = reader.fulltext(column)
-        values = value if op == "in" else [value]
+        values = value if isinstance(value, list) else [value]
         rows = pyroaring.BitMap()
-        for v in values:  # type: ignore[union-attr]
+        for v in values:
             if isinstance(v, str):
                 rows |= index.match_exact(v)
         return rows
