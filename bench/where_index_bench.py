@@ -1,0 +1,98 @@
+"""Selective WHERE with and without row-level indexes, same rows, same run.
+
+    .venv/bin/python bench/where_index_bench.py --rows 1000000 --repeat 15
+
+Two tables over the same rows: ``indexed`` (``title`` full-text, ``label``
+with its default bitmap index) and ``plain`` (``title`` a plain string column,
+every scalar index off). Each query runs through SQL and through
+``to_arrow(where=...)``; medians over ``--repeat`` runs after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import superfile
+from common import corpus, median, save
+
+
+def rows(n: int) -> pa.Table:
+    base = corpus()
+    idx = pa.array(np.arange(n) % base.num_rows)
+    titles = pc.utf8_slice_codeunits(base["text"].take(idx), 0, 60)
+    # make titles unique so an equality matches one row, as a key lookup would
+    titles = pc.binary_join_element_wise(titles, pa.array([f"#{i}" for i in range(n)]), " ")
+    return pa.table(
+        {
+            "doc_id": pa.array(np.arange(n), pa.int64()),
+            "label": pa.array([f"c{i % 1000}" for i in range(n)]),
+            "title": titles,
+        }
+    )
+
+
+def timed(fn: object, repeat: int) -> float:
+    assert callable(fn)
+    fn()
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        runs.append((time.perf_counter() - t0) * 1000)
+    return median(runs)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--repeat", type=int, default=15)
+    args = p.parse_args()
+    data = rows(args.rows)
+    db = superfile.connect(f"file://{tempfile.mkdtemp(prefix='sfwhere-')}")
+    indexed = db.create_table("indexed", data.schema, fts_columns=["title"], max_rows_per_superfile=62_500)
+    plain = db.create_table(
+        "plain",
+        data.schema,
+        scalar_indexes={"doc_id": "none", "label": "none", "title": "none"},
+        max_rows_per_superfile=62_500,
+    )
+    for t in (indexed, plain):
+        t.append(data)
+    title = data.column("title")[args.rows // 2].as_py().replace("'", "''")
+    cases = {
+        "bitmap column: label = 'c17' (0.1%)": "label = 'c17'",
+        "full-text column: title = <one title>": f"title = '{title}'",
+    }
+    results: dict[str, dict[str, float]] = {}
+    for name, where in cases.items():
+        entry: dict[str, float] = {}
+        for table in ("indexed", "plain"):
+            t = indexed if table == "indexed" else plain
+            n_api = t.to_arrow(columns=["doc_id"], where=where).num_rows
+            n_sql = db.sql(f"SELECT doc_id, title FROM {table} WHERE {where}").num_rows
+            assert n_api == n_sql and n_api >= 1
+            entry[f"{table}_api_ms"] = timed(
+                lambda t=t, w=where: t.to_arrow(columns=["doc_id", "title"], where=w), args.repeat
+            )
+            entry[f"{table}_sql_ms"] = timed(
+                lambda tb=table, w=where: db.sql(f"SELECT doc_id, title FROM {tb} WHERE {w}"), args.repeat
+            )
+        entry["api_speedup"] = entry["plain_api_ms"] / entry["indexed_api_ms"]
+        entry["sql_speedup"] = entry["plain_sql_ms"] / entry["indexed_sql_ms"]
+        results[name] = entry
+        print(name, json.dumps({k: round(v, 2) for k, v in entry.items()}), flush=True)
+    save("where_index", {"rows": args.rows, "repeat": args.repeat, "results": results})
+
+
+if __name__ == "__main__":
+    main()
