@@ -77,9 +77,10 @@ def scan(snap: Snapshot, columns: list[str], where: Predicate | None) -> list[pa
         """Index-bounded read: only the candidate rows the superfile's indexes allow, when they are few."""
         reader = snap.files.open(entry)
         assert where is not None
-        candidates = candidate_rows(where, reader, fts)
-        if candidates is None or len(candidates) > entry.rows * _INDEXED_FRACTION:
+        bound = candidate_rows(where, reader, fts)
+        if bound is None or len(bound[0]) > entry.rows * _INDEXED_FRACTION:
             return None
+        candidates = bound[0]
         deleted = snap.deleted(entry)
         rows = np.fromiter((candidates - deleted) if len(deleted) else candidates, np.int64)
         table = reader.read(need, rows=rows) if len(rows) else reader.read(need).slice(0, 0)

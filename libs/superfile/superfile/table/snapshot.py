@@ -113,15 +113,14 @@ class Snapshot:
         if where is None or not len(offsets):
             return offsets
         reader = self.files.open(entry)
-        candidates = candidate_rows(where, reader, set(self.manifest.options.fts_columns))
-        if candidates is not None:
+        bound = candidate_rows(where, reader, set(self.manifest.options.fts_columns))
+        if bound is not None:
+            candidates, exact = bound
             rows = offsets[np.isin(offsets, np.fromiter(candidates, np.int64, len(candidates)))]
-            if not len(rows):
-                return rows
-            mask = np.asarray(
-                where.evaluate(reader.read(sorted(where.columns), rows=rows)).to_numpy(zero_copy_only=False)
-            )
-            return rows[mask.astype(bool)]
+            if exact or not len(rows):
+                return rows  # the indexes answered the predicate: nothing to decode
+            checked = where.evaluate(reader.read(sorted(where.columns), rows=rows))
+            return rows[np.asarray(checked.to_numpy(zero_copy_only=False)).astype(bool)]
         cols = reader.read(sorted(where.columns))
         mask = np.asarray(where.evaluate(cols).to_numpy(zero_copy_only=False), dtype=bool)
         return offsets[mask[offsets]]
