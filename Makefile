@@ -19,8 +19,11 @@ $(STAMP): $(BIN)/python libs/superfile/pyproject.toml
 
 install: $(STAMP)
 
-$(TEST_STAMP): $(STAMP) libs/superfile/pyproject.toml
-	$(BIN)/pip install -q -e 'libs/superfile[dev]'
+SERVICES := services/suite services/gateway services/builder services/ingest
+
+$(TEST_STAMP): $(STAMP) libs/superfile/pyproject.toml $(addsuffix /pyproject.toml,$(SERVICES))
+	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+	$(BIN)/pip install -q -e 'libs/superfile[dev,service]' $(addprefix -e ,$(SERVICES))
 	@touch $@
 
 install-test: $(TEST_STAMP)

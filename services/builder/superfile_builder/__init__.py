@@ -1,0 +1,1 @@
+"""The builder: consumes table topics, builds superfiles and commits manifests."""

@@ -1,0 +1,1 @@
+"""The REST gateway: the Connection API over HTTP."""

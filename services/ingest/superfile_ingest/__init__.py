@@ -1,0 +1,1 @@
+"""Spark Structured Streaming to Supertable topics."""

@@ -1,0 +1,45 @@
+"""The real servers the service tests talk to, started once per test session on 127.0.0.1."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from superfile_suite import Server, start_moto, start_redis, start_tansu
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[Server]:
+    """A tansu broker (Kafka protocol); ``kafka.url`` is the bootstrap address."""
+    with start_tansu() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[Server]:
+    with start_redis() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[Server]:
+    """moto's S3 server; ``s3.url`` is the endpoint."""
+    with start_moto() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_uri(s3: Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket as an ``s3://`` table root, with the client settings in the environment."""
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": s3.url,
+    }.items():
+        monkeypatch.setenv(key, value)
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3.url, region_name="us-east-1").create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/tables?endpoint_url={s3.url}"
