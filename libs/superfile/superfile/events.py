@@ -17,6 +17,7 @@ codec does not.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -163,10 +164,8 @@ class EventLog:
 
         topic = self.topic(table)
         if topic not in self._topics:
-            try:
+            with contextlib.suppress(TopicAlreadyExistsError):
                 self._admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
-            except TopicAlreadyExistsError:
-                pass
             self._topics.add(topic)
         return topic
 
