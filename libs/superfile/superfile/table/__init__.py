@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -217,9 +218,10 @@ class Supertable:
         )
 
     # -- writes -------------------------------------------------------------------
-    def transaction(self) -> Transaction:
-        """Stage several writes into one commit: ``with table.transaction() as tx: ...``."""
-        return Transaction(self)
+    def transaction(self, *, precondition: Callable[[ManifestList], None] | None = None) -> Transaction:
+        """Stage several writes into one commit: ``with table.transaction() as tx: ...``.
+        ``precondition`` runs against the manifest the commit builds on and may raise to abort it."""
+        return Transaction(self, precondition)
 
     def append(self, data: Any) -> int:
         """Add rows; returns the new version (the current one if ``data`` is empty)."""

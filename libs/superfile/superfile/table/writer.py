@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from superfile.commit.shard import shard
 from superfile.commit.stage import WriteBuffer
 from superfile.errors import InvalidInputError, SuperfileError
 from superfile.expressions import Predicate, parse_predicate
-from superfile.manifest.model import SuperfileEntry
+from superfile.manifest.model import ManifestList, SuperfileEntry
 from superfile.pools import build_pool
 from superfile.schema import ID, coerce
 
@@ -32,8 +33,10 @@ class Transaction:
     transaction started from plus the rows it staged itself.
     """
 
-    def __init__(self, table: Supertable) -> None:
+    def __init__(self, table: Supertable, precondition: Callable[[ManifestList], None] | None = None) -> None:
         self._table = table
+        # Checked against the manifest each publish attempt builds on; raising aborts the commit (log fencing).
+        self._precondition = precondition
         self._base, self._base_pointer = table._writable_snapshot()
         self._schema = self._base.schema
         self._options = self._base.manifest.options
@@ -97,6 +100,7 @@ class Transaction:
             added=self._flushed,
             deletions=self._deletions,
             properties=self._properties,
+            precondition=self._precondition,
         )
         if change.is_empty():
             self.commit_version = self._base.version
