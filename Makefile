@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install install-test run test lint typecheck pytest bench clean
+.PHONY: install install-test run test lint typecheck pytest bench clean up down
 
 $(BIN)/python:
 	@$(PY) -m venv $(VENV) 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && $(PY) -m venv $(VENV); }
@@ -36,7 +36,7 @@ lint: install-test
 	$(BIN)/ruff format --check .
 
 typecheck: install-test
-	$(BIN)/mypy libs/superfile/superfile
+	$(BIN)/mypy libs/superfile/superfile $(foreach s,$(SERVICES),$(s)/superfile_$(notdir $(s)))
 
 pytest: install-test
 	$(BIN)/python -m pytest -q
@@ -47,5 +47,12 @@ bench: install-test
 	$(BIN)/pip install -q lancedb
 	$(BIN)/python bench/append_bench.py
 
+# The whole service suite as local processes on 127.0.0.1 (broker, S3 server, Redis, builder, gateway).
+up: install-test
+	$(BIN)/python -m superfile_suite up
+
+down:
+	$(BIN)/python -m superfile_suite down
+
 clean:
-	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) data .suite .pytest_cache .mypy_cache .ruff_cache

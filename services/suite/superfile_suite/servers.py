@@ -84,11 +84,13 @@ def _start(
     ready: Callable[[int], bool],
     env: dict[str, str] | None = None,
     log_path: str | None = None,
+    port: int | None = None,
     attempts: int = 3,
 ) -> Server:
+    """Start a server on ``port`` (one try) or on free ports (``attempts`` tries)."""
     tail = ""
-    for _ in range(attempts):
-        port = free_port()
+    for _ in range(1 if port else attempts):
+        port = port or free_port()
         log = open(log_path, "ab") if log_path else tempfile.TemporaryFile()  # noqa: SIM115 - child keeps it
         with log:
             proc = subprocess.Popen(
@@ -119,7 +121,7 @@ def _binary_beside_python(name: str, hint: str) -> str:
     return found
 
 
-def start_moto(log_path: str | None = None) -> Server:
+def start_moto(log_path: str | None = None, port: int | None = None) -> Server:
     """moto's S3 server; ``url`` is the endpoint for boto3's ``endpoint_url``."""
     binary = _binary_beside_python("moto_server", "install moto[server]")
     return _start(
@@ -128,6 +130,7 @@ def start_moto(log_path: str | None = None) -> Server:
         lambda port: f"http://127.0.0.1:{port}",
         lambda port: _http_answers(f"http://127.0.0.1:{port}"),
         log_path=log_path,
+        port=port,
     )
 
 
@@ -140,7 +143,12 @@ def tansu_binary() -> str:
     return path
 
 
-def start_tansu(log_path: str | None = None, storage: str | None = None, env: dict[str, str] | None = None) -> Server:
+def start_tansu(
+    log_path: str | None = None,
+    storage: str | None = None,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+) -> Server:
     """A Kafka-protocol broker; ``url`` is the bootstrap address ``127.0.0.1:PORT``.
 
     ``storage`` defaults to memory (records are lost when it stops); pass
@@ -153,12 +161,10 @@ def start_tansu(log_path: str | None = None, storage: str | None = None, env: di
         extra = ["--storage-engine", storage] if storage else []
         return [binary, "broker", "--listener-url", addr, "--advertised-listener-url", addr, *extra]
 
-    return _start(
-        "kafka", argv, lambda port: f"127.0.0.1:{port}", _tcp_open, env=env, log_path=log_path
-    )
+    return _start("kafka", argv, lambda port: f"127.0.0.1:{port}", _tcp_open, env=env, log_path=log_path, port=port)
 
 
-def start_redis(log_path: str | None = None) -> Server:
+def start_redis(log_path: str | None = None, port: int | None = None) -> Server:
     """A throwaway Redis (no persistence); ``url`` is ``redis://127.0.0.1:PORT/0``."""
     binary = shutil.which("redis-server")
     if binary is None:
@@ -178,4 +184,5 @@ def start_redis(log_path: str | None = None) -> Server:
         lambda port: f"redis://127.0.0.1:{port}/0",
         ready,
         log_path=log_path,
+        port=port,
     )
