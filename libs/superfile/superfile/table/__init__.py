@@ -125,6 +125,11 @@ class Supertable:
     def options(self) -> TableOptions:
         return self._snapshot.manifest.options
 
+    @property
+    def properties(self) -> dict[str, Any]:
+        """Properties commits recorded (e.g. the event-log offsets a builder applied), as of the current snapshot."""
+        return dict(self._current().manifest.properties)
+
     def stats(self) -> dict[str, Any]:
         """Snapshot facts from the manifest alone (no superfile bytes read), plus process memory."""
         snap = self._current()
