@@ -1,0 +1,90 @@
+"""Errors that exist only over HTTP, and the mapping of error type names back to classes.
+
+The gateway answers every failure with ``{"error": {"type": <class name>, "message": ...}}``;
+the SDK raises the class of that name, so remote callers catch the same types as embedded ones.
+"""
+
+from __future__ import annotations
+
+import superfile.errors as engine_errors
+from superfile.errors import InvalidInputError, StorageError, SuperfileError
+
+__all__ = [
+    "AuthenticationError",
+    "GatewayError",
+    "GatewayUnavailableError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "VisibilityTimeoutError",
+    "error_class",
+]
+
+
+class AuthenticationError(SuperfileError):
+    """No API key, or one the gateway does not know."""
+
+    http_status = 401
+
+
+class PermissionDeniedError(SuperfileError):
+    """The API key is valid but has no scope for this table and operation."""
+
+    http_status = 403
+
+
+class PayloadTooLargeError(InvalidInputError):
+    """The request body is larger than the gateway accepts; nothing was written."""
+
+    http_status = 413
+
+
+class VisibilityTimeoutError(SuperfileError):
+    """A write's position did not become visible in the table within the wait bound (it may still)."""
+
+    http_status = 504
+
+
+class GatewayUnavailableError(StorageError):
+    """The gateway could not be reached (connection refused, reset, timed out)."""
+
+    http_status = 503
+
+
+class GatewayError(SuperfileError):
+    """An error the gateway reported with a type this SDK does not know."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.http_status = status
+
+
+_REMOTE = {
+    c.__name__: c
+    for c in (
+        AuthenticationError,
+        PermissionDeniedError,
+        PayloadTooLargeError,
+        VisibilityTimeoutError,
+        GatewayUnavailableError,
+    )
+}
+_BY_STATUS: dict[int, type[SuperfileError]] = {
+    400: InvalidInputError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: engine_errors.TableNotFoundError,
+    413: PayloadTooLargeError,
+    422: InvalidInputError,
+    504: VisibilityTimeoutError,
+}
+
+
+def error_class(type_name: str | None, status: int) -> type[SuperfileError] | None:
+    """The class named ``type_name`` (engine or remote), else the usual class of ``status``, else None."""
+    if type_name in _REMOTE:
+        return _REMOTE[type_name]
+    if type_name in engine_errors.__all__:
+        cls = getattr(engine_errors, type_name)
+        if isinstance(cls, type) and issubclass(cls, SuperfileError):
+            return cls
+    return _BY_STATUS.get(status)

@@ -1,0 +1,39 @@
+"""``python -m superfile_gateway``: serve the gateway with uvicorn, configured from ``SUPERFILE_*`` variables."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+
+import uvicorn
+
+from superfile_gateway.app import create_app
+from superfile_gateway.settings import ConfigError, Settings
+
+__all__ = ["main", "serve"]
+
+
+def serve(settings: Settings) -> None:
+    """Run uvicorn on ``settings.host:settings.port`` until interrupted."""
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m superfile_gateway", description="the Supertable REST gateway")
+    p.add_argument("--host", help="listen address (default: SUPERFILE_HOST or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default: SUPERFILE_PORT or 8000)")
+    args = p.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    settings = replace(settings, host=args.host or settings.host, port=args.port or settings.port)
+    serve(settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,618 @@
+"""The gateway application: the Connection API over HTTP (JSON, or Arrow IPC streams), with API keys.
+
+``create_app(settings)`` builds it; ``python -m superfile_gateway`` serves it
+with uvicorn. Table handles stay open across requests: the engine refreshes a
+handle from the table's pointer on each read (its consistency policy), so a
+request costs one small pointer read, not a re-open.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Annotated, Any, cast
+
+import pyarrow as pa
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from superfile.connection import Connection
+from superfile.errors import (
+    InvalidInputError,
+    InvalidOptionError,
+    InvalidVectorError,
+    SuperfileError,
+    TableNotFoundError,
+)
+from superfile.events import EventLog, Position, topic_for
+from superfile.remote.wire import (
+    ARROW_STREAM,
+    from_ipc,
+    schema_from_b64,
+    schema_from_json,
+    schema_to_b64,
+    schema_to_json,
+    table_to_json,
+    to_ipc,
+)
+from superfile.schema import ID, SCORE
+from superfile.sql import run_sql
+from superfile.table import Supertable
+from superfile.telemetry import CONTENT_TYPE, meter, render, seconds_histogram
+
+from superfile_gateway.auth import KeyRing, Principal
+from superfile_gateway.guard import Guard
+from superfile_gateway.models import (
+    Bm25Request,
+    CountRequest,
+    CreateTableRequest,
+    DeleteRequest,
+    ExactMatchRequest,
+    HybridRequest,
+    PrefixRequest,
+    ScanRequest,
+    SqlRequest,
+    TokenMatchRequest,
+    VectorRequest,
+)
+from superfile_gateway.settings import Settings
+from superfile_gateway.writes import EmbeddedWrites, LogWrites, WritePath, WriteResult, wait_visible
+
+__all__ = ["Gateway", "create_app"]
+
+log = logging.getLogger("superfile.gateway")
+_PINNED_HANDLES = 64  # read-only handles on past versions kept open
+
+
+class _Catalog:
+    """The catalog as one key sees it, for SQL: tables it may not read do not exist."""
+
+    def __init__(self, db: Connection, principal: Principal) -> None:
+        self._db = db
+        self._principal = principal
+
+    def table_names(self) -> list[str]:
+        return [n for n in self._db.table_names() if self._principal.can(n, "r")]
+
+    def open_table(self, name: str) -> Supertable:
+        if not self._principal.can(name, "r"):
+            raise TableNotFoundError(f"table {name!r} does not exist")
+        return self._db.open_table(name)
+
+
+class Gateway:
+    """The state behind the routes: the catalog, open table handles, the write path, keys and metrics."""
+
+    def __init__(self, settings: Settings, writes: WritePath | None = None) -> None:
+        self.settings = settings
+        self.db = Connection(settings.storage)
+        self.keys = KeyRing(settings.api_keys, enabled=settings.auth)
+        if writes is None:
+            writes = (
+                LogWrites(
+                    EventLog(settings.kafka, topic_prefix=settings.topic_prefix), wait_timeout_s=settings.wait_timeout_s
+                )
+                if settings.kafka
+                else EmbeddedWrites()
+            )
+        self.writes = writes
+        self._tables: dict[str, Supertable] = {}
+        self._pinned: OrderedDict[tuple[str, int], Supertable] = OrderedDict()
+        self._lock = threading.Lock()
+        m = meter("superfile.gateway")
+        self.query_seconds = seconds_histogram(m, "superfile.gateway.query.duration", "Query latency by kind")
+        self.write_seconds = seconds_histogram(
+            m, "superfile.gateway.write.duration", "Write latency by operation (suite mode: until acknowledged)"
+        )
+        self.requests = m.create_counter("superfile.gateway.requests", description="HTTP requests by status")
+        self.errors = m.create_counter("superfile.gateway.errors", description="Error responses by error type")
+
+    # -- tables -------------------------------------------------------------------------
+    def table(self, name: str, version: int | None = None) -> Supertable:
+        """The open handle on ``name`` (opened once), or a read-only handle on one of its past versions."""
+        table = self._tables.get(name)
+        if table is None:
+            opened = self.db.open_table(name)
+            with self._lock:
+                table = self._tables.setdefault(name, opened)
+        if version is None:
+            return table
+        key = (name, version)
+        with self._lock:
+            pinned = self._pinned.get(key)
+            if pinned is not None:
+                self._pinned.move_to_end(key)
+                return pinned
+        pinned = table.checkout(version)
+        with self._lock:
+            self._pinned[key] = pinned
+            while len(self._pinned) > _PINNED_HANDLES:
+                self._pinned.popitem(last=False)
+        return pinned
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._tables.pop(name, None)
+            for key in [k for k in self._pinned if k[0] == name]:
+                del self._pinned[key]
+
+    @contextmanager
+    def using(self, name: str) -> Iterator[None]:
+        """Drop a cached handle whose table disappeared (dropped elsewhere) and say so in the table's words."""
+        try:
+            yield
+        except TableNotFoundError:
+            self.forget(name)
+            raise TableNotFoundError(f"table {name!r} does not exist") from None
+
+    def wait_for(self, table: Supertable, token: str) -> None:
+        """Block until the write at ``token`` is visible in ``table`` (504 after the configured bound)."""
+        position = Position.parse(token)
+        expected = topic_for(table.name, self.settings.topic_prefix)
+        if position.topic != expected:
+            raise InvalidInputError(f"position {token!r} is not in table {table.name!r}'s log ({expected})")
+        wait_visible(table, position, self.settings.wait_timeout_s)
+
+    # -- request bodies -----------------------------------------------------------------
+    def describe(self, table: Supertable) -> dict[str, Any]:
+        return {
+            "name": table.name,
+            "version": table.version,
+            "schema": schema_to_json(table.schema),
+            "schema_ipc": schema_to_b64(table.schema),
+            "options": table.options.to_dict(),
+        }
+
+    # -- operations ---------------------------------------------------------------------
+    def query(
+        self,
+        request: Request,
+        principal: Principal,
+        name: str,
+        kind: str,
+        version: int | None,
+        wait_for: str | None,
+        run: Callable[[Supertable], pa.Table],
+    ) -> Response:
+        """A read: scope check, then the handle (waiting for ``wait_for``), the engine call and the encoding."""
+        principal.require(name, "r")
+        if version is not None and wait_for is not None:
+            raise InvalidInputError("give either version (a past snapshot) or wait_for (a recent write), not both")
+        start = time.perf_counter()
+        try:
+            with self.using(name):
+                table = self.table(name, version)
+                if wait_for is not None:
+                    self.wait_for(table, wait_for)
+                result = run(table)
+        finally:
+            self.query_seconds.record(time.perf_counter() - start, {"kind": kind})
+        return encode(request, result)
+
+    def write(self, principal: Principal, name: str, op: str, run: Callable[[Supertable], WriteResult]) -> Response:
+        principal.require(name, "w")
+        start = time.perf_counter()
+        try:
+            with self.using(name):
+                result = run(self.table(name))
+        finally:
+            self.write_seconds.record(time.perf_counter() - start, {"op": op, "mode": self.writes.mode})
+        body = {"version": result.version, "position": result.position.token if result.position else None}
+        return Response(json.dumps(body).encode(), media_type="application/json")
+
+    def create(self, principal: Principal, req: CreateTableRequest) -> Supertable:
+        principal.require(req.name, "w")
+        if req.schema_ipc is not None and req.schema_ is not None:
+            raise InvalidInputError("give schema or schema_ipc, not both")
+        if req.schema_ipc is not None:
+            schema = schema_from_b64(req.schema_ipc)
+        elif req.schema_ is not None:
+            schema = schema_from_json(req.schema_)
+        else:
+            raise InvalidInputError("a table needs a schema (JSON fields) or schema_ipc (base64 Arrow IPC schema)")
+        vectors = {
+            k: v if isinstance(v, int) else v.model_dump() for k, v in req.vector_columns.items()
+        }  # the engine validates dims and metrics
+        partition = req.partition if isinstance(req.partition, str | None) else req.partition.model_dump()
+        try:
+            table = self.db.create_table(
+                req.name,
+                schema,
+                fts_columns=req.fts_columns,
+                vector_columns=vectors,
+                tokenizer=req.tokenizer,
+                partition=partition,
+                consistency=req.consistency,
+                exist_ok=req.exist_ok,
+                **req.options,
+            )
+        except TypeError as e:  # an option of the wrong type that TableOptions' checks compare against numbers
+            raise InvalidOptionError(f"invalid table option: {e}") from None
+        self.writes.created(req.name)
+        with self._lock:
+            self._tables.setdefault(req.name, table)
+        return table
+
+    def drop(self, principal: Principal, name: str) -> None:
+        principal.require(name, "w")
+        self.forget(name)
+        self.db.drop_table(name)
+
+    def hybrid(self, principal: Principal, table: Supertable, req: HybridRequest) -> pa.Table:
+        """Runs the ``hybrid_search`` SQL table function on one pinned snapshot; columns as the other searches."""
+        if not all(math.isfinite(x) for x in req.vector):
+            raise InvalidVectorError(f"query vector for {req.vector_column!r} has NaN or infinite values")
+        cols = None if req.projection is None else [c for c in req.projection if c not in (ID, SCORE)]
+        select = "*" if cols is None else ", ".join([ID, SCORE, *(_ident(c) for c in cols)])
+        vector = "[" + ", ".join(repr(float(x)) for x in req.vector) + "]"
+        query = (
+            f"SELECT {select} FROM hybrid_search({_literal(table.name)}, {_literal(req.text_column)}, "
+            f"{_literal(req.query)}, {_literal(req.vector_column)}, {vector}, {int(req.k)}) "
+            f"ORDER BY {SCORE} DESC, {ID}"
+        )
+        out = run_sql(cast(Connection, _Catalog(self.db, principal)), query)  # _Catalog has what run_sql uses
+        rest = [c for c in out.column_names if c not in (ID, SCORE)]
+        return out.select([ID, SCORE, *rest])
+
+    def ready(self) -> tuple[bool, str]:
+        try:
+            self.db.table_names()
+        except SuperfileError as e:
+            return False, f"storage: {e}"
+        if not self.writes.ready():
+            return False, "the event log broker is not reachable"
+        return True, "ready"
+
+    def close(self) -> None:
+        self.writes.close()
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def encode(request: Request, table: pa.Table) -> Response:
+    """Arrow IPC stream when the client accepts it, JSON rows otherwise."""
+    if ARROW_STREAM in request.headers.get("accept", ""):
+        return Response(to_ipc(table), media_type=ARROW_STREAM)
+    return Response(table_to_json(table), media_type="application/json")
+
+
+def _rows(request: Request, body: bytes) -> tuple[Any, dict[str, Any]]:
+    """The rows of a write body (Arrow IPC stream, or JSON: a list of objects or ``{"rows": [...], ...}``)
+    and the other JSON fields."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == ARROW_STREAM:
+        return from_ipc(body), {}
+    if ctype not in ("", "application/json"):
+        raise InvalidInputError(f"unsupported content type {ctype!r}: send application/json or {ARROW_STREAM}")
+    try:
+        doc = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidInputError(f"malformed JSON body: {e}") from None
+    if isinstance(doc, list):
+        return doc, {}
+    if isinstance(doc, dict) and isinstance(doc.get("rows"), list):
+        rest = {k: v for k, v in doc.items() if k != "rows"}
+        return doc["rows"], rest
+    raise InvalidInputError('the body must be a JSON list of row objects or {"rows": [...]}')
+
+
+_WRITE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "oneOf": [
+                        {"type": "array", "items": {"type": "object"}},
+                        {"type": "object", "properties": {"rows": {"type": "array", "items": {"type": "object"}}}},
+                    ]
+                }
+            },
+            ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+
+def _error(status: int, type_name: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"type": type_name, "message": message}}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+    return "; ".join(parts) or "invalid request"
+
+
+_bearer = HTTPBearer(auto_error=False)  # these two only document the schemes in OpenAPI
+_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
+
+
+def _principal(
+    request: Request,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    x_api_key: Annotated[str | None, Depends(_api_key_header)],
+) -> Principal:
+    gateway: Gateway = request.app.state.gateway
+    return gateway.keys.authenticate(request.headers.get("authorization"), x_api_key)
+
+
+Auth = Annotated[Principal, Depends(_principal)]
+Version = Annotated[int | None, Query(description="read this past version (read-only)")]
+WaitFor = Annotated[str | None, Query(description="a write's position token: answer once it is visible")]
+Wait = Annotated[bool, Query(description="suite mode: answer once the write is visible (with its version)")]
+
+
+def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAPI:
+    """The ASGI application for ``settings`` (``writes`` replaces the write path the settings choose)."""
+    gw = Gateway(settings, writes)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        gw.close()
+
+    app = FastAPI(
+        title="Supertable gateway",
+        version="0.1.0",
+        description="The superfile Connection API over HTTP: tables, writes, BM25/prefix/token/exact/vector/hybrid "
+        f"search and SQL. Results are JSON, or Arrow IPC streams with `Accept: {ARROW_STREAM}`.",
+        lifespan=lifespan,
+    )
+    app.state.gateway = gw
+
+    # -- errors ------------------------------------------------------------------------
+    @app.exception_handler(SuperfileError)
+    async def superfile_error(request: Request, exc: SuperfileError) -> JSONResponse:
+        name = type(exc).__name__
+        gw.errors.add(1, {"type": name})
+        return _error(exc.http_status, name, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        gw.errors.add(1, {"type": "InvalidInputError"})
+        if any(e.get("type") == "json_invalid" for e in exc.errors()):
+            return _error(400, "InvalidInputError", "malformed JSON body")
+        return _error(422, "InvalidInputError", _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        gw.errors.add(1, {"type": "HTTPException"})
+        return _error(exc.status_code, "HTTPException", str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        gw.errors.add(1, {"type": "InternalError"})
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _error(500, "InternalError", "internal error; see the gateway's log")
+
+    # -- service ----------------------------------------------------------------------
+    @app.get("/healthz", tags=["service"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["service"])
+    def readyz() -> JSONResponse:
+        ok, detail = gw.ready()
+        return JSONResponse({"status": detail, "mode": gw.writes.mode}, status_code=200 if ok else 503)
+
+    @app.get("/metrics", tags=["service"])
+    def metrics() -> Response:
+        return Response(render(), media_type=CONTENT_TYPE)
+
+    # -- catalog ----------------------------------------------------------------------
+    @app.get("/tables", tags=["tables"])
+    def list_tables(p: Auth) -> dict[str, list[str]]:
+        return {"tables": [n for n in gw.db.table_names() if p.visible(n)]}
+
+    @app.post("/tables", tags=["tables"], status_code=201)
+    def create_table(req: CreateTableRequest, p: Auth) -> JSONResponse:
+        return JSONResponse(gw.describe(gw.create(p, req)), status_code=201)
+
+    @app.get("/tables/{name}", tags=["tables"])
+    def describe_table(name: str, p: Auth, version: Version = None) -> dict[str, Any]:
+        if not p.visible(name):
+            p.require(name, "r")
+        with gw.using(name):
+            return gw.describe(gw.table(name, version))
+
+    @app.delete("/tables/{name}", tags=["tables"])
+    def drop_table(name: str, p: Auth) -> dict[str, str]:
+        gw.drop(p, name)
+        return {"dropped": name}
+
+    @app.get("/tables/{name}/version", tags=["tables"])
+    def table_version(name: str, p: Auth, wait_for: WaitFor = None) -> dict[str, int]:
+        if not p.visible(name):
+            p.require(name, "r")
+        with gw.using(name):
+            table = gw.table(name)
+            if wait_for is not None:
+                gw.wait_for(table, wait_for)
+            return {"version": table.version}
+
+    @app.get("/tables/{name}/stats", tags=["tables"])
+    def stats(name: str, p: Auth, version: Version = None) -> dict[str, Any]:
+        p.require(name, "r")
+        with gw.using(name):
+            return gw.table(name, version).stats()
+
+    @app.get("/tables/{name}/versions", tags=["tables"])
+    def versions(name: str, p: Auth) -> dict[str, list[dict[str, Any]]]:
+        p.require(name, "r")
+        with gw.using(name):
+            return {"versions": gw.table(name).versions()}
+
+    # -- writes -----------------------------------------------------------------------
+    @app.post("/tables/{name}/append", tags=["writes"], openapi_extra=_WRITE_BODY)
+    async def append(name: str, request: Request, p: Auth, wait: Wait = True) -> Response:
+        body = await request.body()
+
+        def run(table: Supertable) -> WriteResult:
+            rows, rest = _rows(request, body)
+            if rest:
+                raise InvalidInputError(f"unknown fields in an append body: {sorted(rest)}")
+            return gw.writes.append(table, rows, wait=wait)
+
+        return await run_in_threadpool(gw.write, p, name, "append", run)
+
+    @app.post("/tables/{name}/update", tags=["writes"], openapi_extra=_WRITE_BODY)
+    async def update(
+        name: str,
+        request: Request,
+        p: Auth,
+        wait: Wait = True,
+        where: Annotated[str | None, Query(description="the predicate (required with an Arrow body)")] = None,
+    ) -> Response:
+        body = await request.body()
+
+        def run(table: Supertable) -> WriteResult:
+            rows, rest = _rows(request, body)
+            predicate = rest.pop("where", where)
+            if rest:
+                raise InvalidInputError(f"unknown fields in an update body: {sorted(rest)}")
+            if not isinstance(predicate, str):
+                raise InvalidInputError('an update needs "where" (in the JSON body or as a query parameter)')
+            return gw.writes.update(table, predicate, rows, wait=wait)
+
+        return await run_in_threadpool(gw.write, p, name, "update", run)
+
+    @app.post("/tables/{name}/delete", tags=["writes"])
+    def delete(name: str, req: DeleteRequest, p: Auth, wait: Wait = True) -> Response:
+        return gw.write(p, name, "delete", lambda t: gw.writes.delete(t, req.where, wait=wait))
+
+    # -- reads ------------------------------------------------------------------------
+    @app.post("/tables/{name}/search/bm25", tags=["search"])
+    def bm25(
+        name: str, req: Bm25Request, request: Request, p: Auth, version: Version = None, wait_for: WaitFor = None
+    ) -> Response:
+        return gw.query(
+            request,
+            p,
+            name,
+            "bm25",
+            version,
+            wait_for,
+            lambda t: t.bm25_search(req.column, req.query, req.k, mode=req.mode, projection=req.projection),
+        )
+
+    @app.post("/tables/{name}/search/prefix", tags=["search"])
+    def prefix(
+        name: str, req: PrefixRequest, request: Request, p: Auth, version: Version = None, wait_for: WaitFor = None
+    ) -> Response:
+        return gw.query(
+            request,
+            p,
+            name,
+            "prefix",
+            version,
+            wait_for,
+            lambda t: t.bm25_search_prefix(req.column, req.prefix, req.k, projection=req.projection),
+        )
+
+    @app.post("/tables/{name}/search/token_match", tags=["search"])
+    def token_match(
+        name: str, req: TokenMatchRequest, request: Request, p: Auth, version: Version = None, wait_for: WaitFor = None
+    ) -> Response:
+        return gw.query(
+            request,
+            p,
+            name,
+            "token_match",
+            version,
+            wait_for,
+            lambda t: t.token_match(req.column, req.tokens, req.mode, projection=req.projection),
+        )
+
+    @app.post("/tables/{name}/search/exact_match", tags=["search"])
+    def exact_match(
+        name: str, req: ExactMatchRequest, request: Request, p: Auth, version: Version = None, wait_for: WaitFor = None
+    ) -> Response:
+        return gw.query(
+            request,
+            p,
+            name,
+            "exact_match",
+            version,
+            wait_for,
+            lambda t: t.exact_match(req.column, req.value, projection=req.projection),
+        )
+
+    @app.post("/tables/{name}/search/vector", tags=["search"])
+    def vector(
+        name: str, req: VectorRequest, request: Request, p: Auth, version: Version = None, wait_for: WaitFor = None
+    ) -> Response:
+        return gw.query(
+            request,
+            p,
+            name,
+            "vector",
+            version,
+            wait_for,
+            lambda t: t.vector_search(
+                req.column,
+                req.vector,
+                req.k,
+                nprobe=req.nprobe,
+                rerank=req.rerank,
+                filter=req.filter,
+                where=req.where,
+                projection=req.projection,
+            ),
+        )
+
+    @app.post("/tables/{name}/search/hybrid", tags=["search"])
+    def hybrid(name: str, req: HybridRequest, request: Request, p: Auth, wait_for: WaitFor = None) -> Response:
+        return gw.query(request, p, name, "hybrid", None, wait_for, lambda t: gw.hybrid(p, t, req))
+
+    @app.post("/tables/{name}/scan", tags=["reads"])
+    def scan(
+        name: str, req: ScanRequest, request: Request, p: Auth, version: Version = None, wait_for: WaitFor = None
+    ) -> Response:
+        return gw.query(
+            request, p, name, "scan", version, wait_for, lambda t: t.to_arrow(columns=req.columns, where=req.where)
+        )
+
+    @app.post("/tables/{name}/count", tags=["reads"])
+    def count(
+        name: str, req: CountRequest, p: Auth, version: Version = None, wait_for: WaitFor = None
+    ) -> dict[str, int]:
+        p.require(name, "r")
+        start = time.perf_counter()
+        try:
+            with gw.using(name):
+                table = gw.table(name, version)
+                if wait_for is not None:
+                    gw.wait_for(table, wait_for)
+                return {"count": table.count_rows(req.where)}
+        finally:
+            gw.query_seconds.record(time.perf_counter() - start, {"kind": "count"})
+
+    @app.post("/sql", tags=["reads"])
+    def sql(req: SqlRequest, request: Request, p: Auth) -> Response:
+        start = time.perf_counter()
+        try:
+            result = run_sql(cast(Connection, _Catalog(gw.db, p)), req.query)  # _Catalog has what run_sql uses
+        finally:
+            gw.query_seconds.record(time.perf_counter() - start, {"kind": "sql"})
+        return encode(request, result)
+
+    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, requests=gw.requests, errors=gw.errors)
+    return app

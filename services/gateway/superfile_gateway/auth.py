@@ -1,0 +1,69 @@
+"""API keys: who is calling (401 when unknown) and what that key may do to which table (403)."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from superfile.remote.errors import AuthenticationError, PermissionDeniedError
+
+from superfile_gateway.settings import ApiKey
+
+__all__ = ["KeyRing", "Principal"]
+
+_WORD = {"r": "read", "w": "write"}
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The grants of the key a request presented (``unrestricted`` when authentication is off)."""
+
+    grants: tuple[ApiKey, ...]
+    unrestricted: bool = False
+
+    def can(self, table: str, scope: str) -> bool:
+        return self.unrestricted or any(
+            scope in g.scopes and fnmatch.fnmatchcase(table, g.table_glob) for g in self.grants
+        )
+
+    def require(self, table: str, scope: str) -> None:
+        if not self.can(table, scope):
+            raise PermissionDeniedError(f"this API key may not {_WORD[scope]} table {table!r}")
+
+    def visible(self, table: str) -> bool:
+        """Whether the table shows up for this key at all (any scope on it)."""
+        return self.can(table, "r") or self.can(table, "w")
+
+
+class KeyRing:
+    """The configured keys, held as SHA-256 digests and compared in constant time."""
+
+    def __init__(self, keys: Sequence[ApiKey], *, enabled: bool = True) -> None:
+        self._enabled = enabled
+        self._by_digest: dict[bytes, tuple[ApiKey, ...]] = {}
+        for k in keys:
+            self._by_digest[k.digest] = (*self._by_digest.get(k.digest, ()), k)
+
+    def authenticate(self, authorization: str | None, x_api_key: str | None) -> Principal:
+        """The principal for ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``; raises 401 otherwise."""
+        if not self._enabled:
+            return Principal((), unrestricted=True)
+        presented = x_api_key
+        if authorization:
+            scheme, _, token = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise AuthenticationError("the Authorization header must be 'Bearer <api key>'")
+            presented = token.strip()
+        if not presented:
+            raise AuthenticationError("an API key is required (Authorization: Bearer <key> or X-API-Key)")
+        digest = hashlib.sha256(presented.encode()).digest()
+        found: tuple[ApiKey, ...] = ()
+        for stored, grants in self._by_digest.items():  # every entry is compared: no early exit on a match
+            if hmac.compare_digest(digest, stored):
+                found = grants
+        if not found:
+            raise AuthenticationError("unknown API key")
+        return Principal(found)

@@ -1,0 +1,181 @@
+"""The two write paths behind one protocol, and the wait that makes a logged write visible to reads.
+
+Embedded mode commits through the engine in this process: the response carries
+the new version. Suite mode publishes the write as an event on the table's
+topic and answers once the broker acknowledged it: the response carries the
+event's position; a builder commits it later, recording the log offset in the
+manifest, which is what :func:`wait_visible` watches.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+from kafka.errors import KafkaError
+from superfile.errors import StorageError
+from superfile.events import MAX_RECORD_BYTES, Event, EventLog, Op, Position
+from superfile.expressions import parse_predicate
+from superfile.remote.errors import PayloadTooLargeError, VisibilityTimeoutError
+from superfile.schema import coerce
+from superfile.table import Supertable
+
+__all__ = ["EmbeddedWrites", "LogWrites", "WritePath", "WriteResult", "wait_visible"]
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What a write answers: the version that includes it (when known) and its log position (suite mode)."""
+
+    version: int | None
+    position: Position | None = None
+
+
+class WritePath(Protocol):
+    """Where a gateway's writes go."""
+
+    mode: str
+
+    def created(self, table: str) -> None:
+        """A table was just created in storage."""
+
+    def append(self, table: Supertable, data: Any, *, wait: bool) -> WriteResult: ...
+
+    def delete(self, table: Supertable, where: str, *, wait: bool) -> WriteResult: ...
+
+    def update(self, table: Supertable, where: str, data: Any, *, wait: bool) -> WriteResult: ...
+
+    def ready(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class EmbeddedWrites:
+    """Writes commit in this process; every response carries the committed version (``wait`` is moot)."""
+
+    mode = "embedded"
+
+    def created(self, table: str) -> None:
+        return None
+
+    def append(self, table: Supertable, data: Any, *, wait: bool) -> WriteResult:
+        return WriteResult(table.append(data))
+
+    def delete(self, table: Supertable, where: str, *, wait: bool) -> WriteResult:
+        return WriteResult(table.delete(where))
+
+    def update(self, table: Supertable, where: str, data: Any, *, wait: bool) -> WriteResult:
+        return WriteResult(table.update(where, data))
+
+    def ready(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        return None
+
+
+def wait_visible(table: Supertable, position: Position, timeout_s: float) -> int:
+    """Refresh ``table`` until its manifest includes ``position``; returns a version that does.
+
+    Raises :class:`VisibilityTimeoutError` (504) after ``timeout_s``; the write
+    itself stays acknowledged and will become visible once a builder commits it.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.002
+    while True:
+        if position.visible_in(table.properties):
+            return table.version  # read after the properties: the same snapshot or a newer one
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise VisibilityTimeoutError(
+                f"position {position.token} is not visible in table {table.name!r} after {timeout_s:g} s; "
+                "the write is in the log and will be visible once a builder commits it"
+            )
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.05)
+
+
+class LogWrites:
+    """Writes become events on the table's topic (suite mode).
+
+    The process has one ``source`` (``gw-<uuid>``) and numbers its events
+    ``seq=(n,)``, increasing. Assigning a seq and sending happen under the
+    table's lock, so within a topic seqs appear in increasing order and the
+    builder's per-source high-water mark never skips an event; a send the
+    producer retries carries the same (source, seq) and cannot apply twice.
+    Input is validated against the table's schema before anything is sent.
+    """
+
+    mode = "suite"
+
+    def __init__(self, log: EventLog, *, wait_timeout_s: float) -> None:
+        self.log = log
+        self.source = "gw-" + uuid.uuid4().hex
+        self._timeout = wait_timeout_s
+        self._seq = 0
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    def created(self, table: str) -> None:
+        self.log.ensure_topic(table)
+
+    def _lock(self, table: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(table, threading.Lock())
+
+    def _publish(
+        self, table: Supertable, events: list[tuple[Op, pa.Table | None, str | None]], wait: bool
+    ) -> WriteResult:
+        with self._lock(table.name):
+            position: Position | None = None
+            for op, data, where in events:
+                with self._guard:
+                    self._seq += 1
+                    seq = self._seq
+                try:
+                    position = self.log.publish(Event(op, table.name, self.source, (seq,), data, where))
+                except KafkaError as e:
+                    raise StorageError(f"the event log did not acknowledge the {op}: {e}") from None
+        assert position is not None
+        version = wait_visible(table, position, self._timeout) if wait else None
+        return WriteResult(version, position)
+
+    def append(self, table: Supertable, data: Any, *, wait: bool) -> WriteResult:
+        rows = coerce(data, table.schema, table.options)
+        if not rows.num_rows:
+            return WriteResult(table.version)  # as embedded: an empty append changes nothing
+        return self._publish(table, [("append", chunk, None) for chunk in _chunks(rows)], wait)
+
+    def delete(self, table: Supertable, where: str, *, wait: bool) -> WriteResult:
+        parse_predicate(where, table.schema)
+        return self._publish(table, [("delete", None, where)], wait)
+
+    def update(self, table: Supertable, where: str, data: Any, *, wait: bool) -> WriteResult:
+        parse_predicate(where, table.schema)
+        rows = coerce(data, table.schema, table.options)
+        if rows.nbytes > MAX_RECORD_BYTES:
+            raise PayloadTooLargeError(
+                f"an update's rows travel as one event of at most {MAX_RECORD_BYTES} bytes; "
+                f"these are {rows.nbytes}: update fewer rows per request"
+            )
+        # One event: an update's replacement rows must stay together (they match the predicate's rows 1:1).
+        return self._publish(table, [("update", rows, where)], wait)
+
+    def ready(self) -> bool:
+        return bool(self.log._producer.bootstrap_connected())
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def _chunks(rows: pa.Table) -> list[pa.Table]:
+    """Slices of ``rows`` whose records stay below the log's record size bound."""
+    budget = MAX_RECORD_BYTES * 3 // 4  # headroom for the IPC framing
+    if rows.nbytes <= budget:
+        return [rows]
+    per_chunk = max(1, rows.num_rows * budget // rows.nbytes)
+    return [rows.slice(start, per_chunk) for start in range(0, rows.num_rows, per_chunk)]
