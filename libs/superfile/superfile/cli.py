@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -153,6 +154,35 @@ def cmd_versions(args: argparse.Namespace) -> None:
         print(json.dumps(v))
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    """The REST gateway in embedded mode over ``args.uri`` (keys from SUPERFILE_API_KEYS)."""
+    try:
+        from superfile_gateway import ConfigError, Settings, parse_api_keys
+        from superfile_gateway.__main__ import serve
+    except ImportError as e:
+        print(
+            f"error: superfile serve needs the gateway package ({e}); install it with "
+            "pip install 'superfile[service]' ./services/gateway",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+    try:
+        settings = Settings(
+            storage=args.uri,
+            api_keys=parse_api_keys(os.environ.get("SUPERFILE_API_KEYS", "")),
+            auth=not args.no_auth,
+            host=args.host,
+            port=args.port,
+            max_body_bytes=args.max_body_bytes,
+        )
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if not settings.auth:
+        print("warning: authentication is off (--no-auth): any caller may read and write any table", file=sys.stderr)
+    serve(settings)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="superfile", description="Supertable command line")
     sub = p.add_subparsers(dest="command", required=True)
@@ -197,6 +227,15 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--k", type=int, default=10)
     q.add_argument("--columns", help="comma-separated projection (default: whole rows)")
     add("versions", cmd_versions, "list versions")
+    sv = add("serve", cmd_serve, "serve the tables over HTTP (REST gateway, embedded mode)", table=False)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--max-body-bytes", type=int, default=64 << 20, help="larger request bodies get 413")
+    sv.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve without API keys (otherwise SUPERFILE_API_KEYS=key:table-glob:scopes,... is required)",
+    )
     return p
 
 

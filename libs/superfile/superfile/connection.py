@@ -202,6 +202,12 @@ class Connection:
         return f"Connection({self.uri!r})"
 
 
-def connect(uri: str, **options: Any) -> Connection:
-    """Open the catalog at ``uri``: ``memory://name``, ``file:///dir`` (or a plain path), ``s3://bucket/prefix``."""
+def connect(uri: str, **options: Any) -> Any:
+    """Open the catalog at ``uri``: ``memory://name``, ``file:///dir`` (or a plain path), ``s3://bucket/prefix``
+    (a :class:`Connection`), or a gateway at ``http(s)://host:port`` with ``api_key=...`` (a
+    :class:`superfile.remote.RemoteConnection`, same methods and result types)."""
+    if uri.startswith(("http://", "https://")):
+        from superfile.remote import RemoteConnection
+
+        return RemoteConnection(uri, **options)
     return Connection(uri, **options)

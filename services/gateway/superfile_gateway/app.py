@@ -31,6 +31,7 @@ from superfile.errors import (
     InvalidOptionError,
     InvalidVectorError,
     SuperfileError,
+    TableExistsError,
     TableNotFoundError,
 )
 from superfile.events import EventLog, Position, topic_for
@@ -209,7 +210,8 @@ class Gateway:
         body = {"version": result.version, "position": result.position.token if result.position else None}
         return Response(json.dumps(body).encode(), media_type="application/json")
 
-    def create(self, principal: Principal, req: CreateTableRequest) -> Supertable:
+    def create(self, principal: Principal, req: CreateTableRequest) -> tuple[Supertable, bool]:
+        """The new table (or with ``exist_ok`` the existing one) and whether this request created it."""
         principal.require(req.name, "w")
         if req.schema_ipc is not None and req.schema_ is not None:
             raise InvalidInputError("give schema or schema_ipc, not both")
@@ -232,15 +234,18 @@ class Gateway:
                 tokenizer=req.tokenizer,
                 partition=partition,
                 consistency=req.consistency,
-                exist_ok=req.exist_ok,
                 **req.options,
             )
+        except TableExistsError:
+            if not req.exist_ok:
+                raise
+            return self.db.open_table(req.name), False
         except TypeError as e:  # an option of the wrong type that TableOptions' checks compare against numbers
             raise InvalidOptionError(f"invalid table option: {e}") from None
         self.writes.created(req.name)
         with self._lock:
-            self._tables.setdefault(req.name, table)
-        return table
+            self._tables[req.name] = table  # a handle left from a table of the same name dropped elsewhere goes
+        return table, True
 
     def drop(self, principal: Principal, name: str) -> None:
         principal.require(name, "w")
@@ -424,7 +429,8 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
 
     @app.post("/tables", tags=["tables"], status_code=201)
     def create_table(req: CreateTableRequest, p: Auth) -> JSONResponse:
-        return JSONResponse(gw.describe(gw.create(p, req)), status_code=201)
+        table, created = gw.create(p, req)
+        return JSONResponse({**gw.describe(table), "created": created}, status_code=201 if created else 200)
 
     @app.get("/tables/{name}", tags=["tables"])
     def describe_table(name: str, p: Auth, version: Version = None) -> dict[str, Any]:

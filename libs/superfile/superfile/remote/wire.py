@@ -15,6 +15,7 @@ import re
 from typing import Any, cast
 
 import pyarrow as pa
+
 from superfile.errors import InvalidInputError
 
 __all__ = [

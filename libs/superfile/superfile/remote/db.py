@@ -1,0 +1,192 @@
+"""``RemoteConnection``: the Connection API against a gateway, for ``superfile.connect("http://...")``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import httpx
+import pyarrow as pa
+
+from superfile.connection import _check_name as check_name  # the engine's own rule, checked before any request
+from superfile.errors import InvalidInputError, InvalidOptionError, SuperfileError
+from superfile.options import PartitionSpec, TableOptions, VectorColumn
+from superfile.remote.errors import GatewayError, GatewayUnavailableError, error_class
+from superfile.remote.table import RemoteTable
+from superfile.remote.wire import ARROW_STREAM, from_ipc, schema_from_b64, schema_to_b64
+from superfile.schema import to_arrow_table
+
+__all__ = ["RemoteConnection"]
+
+
+def _error(response: httpx.Response) -> SuperfileError:
+    """The typed error a gateway's error response describes."""
+    type_name, message = None, response.text or f"HTTP {response.status_code}"
+    try:
+        body = response.json()["error"]
+        type_name, message = body.get("type"), body.get("message", message)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass
+    cls = error_class(type_name, response.status_code)
+    if cls is None:
+        return GatewayError(message, response.status_code)
+    try:
+        return cls(message)
+    except TypeError:  # a class whose constructor takes structured arguments: keep the type, carry the message
+        exc = cls.__new__(cls)
+        exc.args = (message,)
+        return exc
+
+
+def _fts(columns: Sequence[str] | Mapping[str, str]) -> list[str] | dict[str, str]:
+    if isinstance(columns, str):
+        return [columns]
+    return dict(columns) if isinstance(columns, Mapping) else list(columns)
+
+
+def _vector_spec(name: str, spec: Any) -> Any:
+    if isinstance(spec, VectorColumn):
+        return {"dim": spec.dim, "metric": spec.metric, "index": dict(spec.index)}
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    if isinstance(spec, int):
+        return spec
+    raise InvalidOptionError(f"vector column {name!r}: give {{'dim': N, 'metric': ...}}, got {spec!r}")
+
+
+class RemoteConnection:
+    """The catalog behind a gateway. Same methods and result types as :class:`superfile.Connection`.
+
+    Results travel as Arrow IPC streams; errors come back as the same typed
+    exceptions (``superfile.errors``), plus :mod:`superfile.remote.errors` for
+    what only HTTP has (401, 403, 413, 504, unreachable gateway).
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.uri = uri.rstrip("/")
+        base = {"accept": f"{ARROW_STREAM}, application/json"}
+        if api_key:
+            base["authorization"] = f"Bearer {api_key}"
+        base.update(headers or {})
+        self._http = httpx.Client(
+            base_url=self.uri,
+            headers=base,
+            timeout=timeout,
+            transport=httpx.HTTPTransport(retries=2),  # connection failures only: no request is sent twice
+        )
+
+    # -- transport ----------------------------------------------------------------------
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        if "json" in kwargs:  # encoded here: NaN must reach the gateway (which rejects it with a typed error)
+            kwargs["content"] = json.dumps(kwargs.pop("json"), separators=(",", ":")).encode()
+            kwargs["headers"] = {**kwargs.get("headers", {}), "content-type": "application/json"}
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as e:
+            raise GatewayUnavailableError(f"gateway {self.uri} did not answer in time: {e}") from None
+        except httpx.TransportError as e:
+            raise GatewayUnavailableError(f"gateway {self.uri} is unreachable: {e}") from None
+        if response.status_code >= 400:
+            raise _error(response)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._request(method, path, **kwargs).json()
+
+    def _arrow(self, path: str, body: Mapping[str, Any], params: Mapping[str, Any] | None = None) -> pa.Table:
+        response = self._request("POST", path, json=body, params=params)
+        if not response.headers.get("content-type", "").startswith(ARROW_STREAM):
+            raise GatewayError(f"expected an Arrow stream from {path}, got {response.headers.get('content-type')}", 502)
+        return from_ipc(response.content)
+
+    def _remote_table(self, info: Mapping[str, Any], version: int | None = None) -> RemoteTable:
+        return RemoteTable(
+            self,
+            info["name"],
+            schema_from_b64(info["schema_ipc"]),
+            TableOptions.from_dict(info["options"]),
+            pinned=version,
+        )
+
+    # -- catalog ------------------------------------------------------------------------
+    def table_names(self) -> list[str]:
+        """Names of every table the API key can see, sorted."""
+        return list(self._json("GET", "/tables")["tables"])
+
+    def create_table(
+        self,
+        name: str,
+        schema: pa.Schema | None = None,
+        data: Any = None,
+        *,
+        fts_columns: Sequence[str] | Mapping[str, str] = (),
+        vector_columns: Mapping[str, Any] | None = None,
+        tokenizer: str | Mapping[str, str] = "english",
+        partition: str | Mapping[str, str] | PartitionSpec | None = None,
+        consistency: str = "strong",
+        exist_ok: bool = False,
+        **options: Any,
+    ) -> RemoteTable:
+        """Create a table from a schema (or from ``data``, whose schema it takes and which it appends)."""
+        if schema is None:
+            if data is None:
+                raise InvalidOptionError("create_table needs a schema or data")
+            schema = to_arrow_table(data).schema
+        if not isinstance(schema, pa.Schema):
+            raise InvalidInputError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+        check_name(name)
+        body = {
+            "name": name,
+            "schema_ipc": schema_to_b64(schema),
+            "fts_columns": _fts(fts_columns),
+            "vector_columns": {k: _vector_spec(k, v) for k, v in (vector_columns or {}).items()},
+            "tokenizer": dict(tokenizer) if isinstance(tokenizer, Mapping) else tokenizer,
+            "partition": asdict(partition) if isinstance(partition, PartitionSpec) else partition,
+            "consistency": consistency,
+            "exist_ok": exist_ok,
+            "options": options,
+        }
+        info = self._json("POST", "/tables", json=body)
+        table = self._remote_table(info)
+        if data is not None and info.get("created", True):
+            table.append(data)
+        return table
+
+    def open_table(self, name: str, version: int | None = None, *, consistency: str | None = None) -> RemoteTable:
+        """A handle on a table at its latest version, or read-only at an earlier ``version``.
+
+        ``consistency`` is not taken: the gateway reads with the table's own
+        policy, and ``wait_for`` positions give read-your-writes.
+        """
+        if consistency is not None:
+            raise InvalidOptionError("a remote table reads with the table's own consistency policy; omit consistency")
+        params = {} if version is None else {"version": version}
+        return self._remote_table(self._json("GET", f"/tables/{check_name(name)}", params=params), version)
+
+    def drop_table(self, name: str) -> None:
+        self._request("DELETE", f"/tables/{check_name(name)}")
+
+    def sql(self, query: str) -> pa.Table:
+        """Run one read-only SQL query (tables the API key cannot read do not exist for it)."""
+        return self._arrow("/sql", {"query": query})
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RemoteConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RemoteConnection({self.uri!r})"

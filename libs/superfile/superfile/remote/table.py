@@ -1,0 +1,228 @@
+"""``RemoteTable``: a table behind a gateway, with the methods, arguments and result types of ``Supertable``.
+
+Writes wait for visibility by default and return the version, like embedded
+ones. ``wait=False`` returns as soon as the gateway accepted the write (in
+suite mode: once the event log acknowledged it) and returns None; the handle
+then remembers the write's position and passes it as ``wait_for`` on its next
+read, so that read sees the write (read-your-writes) without every write
+paying for the wait.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from superfile.errors import InvalidVectorError, ReadOnlyTableError
+from superfile.options import TableOptions
+from superfile.remote.wire import ARROW_STREAM, to_ipc
+from superfile.schema import to_arrow_table, user_schema
+
+if TYPE_CHECKING:
+    from superfile.remote.db import RemoteConnection
+
+__all__ = ["RemoteTable"]
+
+
+class RemoteTable:
+    """A table served by a gateway. Obtain one from :class:`superfile.remote.RemoteConnection`."""
+
+    def __init__(
+        self,
+        conn: RemoteConnection,
+        name: str,
+        schema: pa.Schema,
+        options: TableOptions,
+        *,
+        pinned: int | None = None,
+    ) -> None:
+        self.name = name
+        self._conn = conn
+        self._schema = schema
+        self._options = options
+        self._pinned = pinned
+        self._path = f"/tables/{name}"
+        self._position: str | None = None  # the last unwaited write's position token
+        self._lock = threading.Lock()
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _read_params(self) -> tuple[dict[str, Any], str | None]:
+        if self._pinned is not None:
+            return {"version": self._pinned}, None
+        with self._lock:
+            position = self._position
+        return ({"wait_for": position} if position else {}), position
+
+    def _seen(self, position: str | None) -> None:
+        """A read that waited for ``position`` succeeded: later reads need not wait for it again."""
+        if position is not None:
+            with self._lock:
+                if self._position == position:
+                    self._position = None
+
+    def _search(self, kind: str, body: Mapping[str, Any]) -> pa.Table:
+        params, position = self._read_params()
+        result = self._conn._arrow(f"{self._path}/search/{kind}", body, params)
+        self._seen(position)
+        return result
+
+    def _write(self, op: str, wait: bool, params: Mapping[str, str] | None = None, **kwargs: Any) -> int | None:
+        if self._pinned is not None:
+            raise ReadOnlyTableError(
+                f"table {self.name!r} is open at version {self._pinned}; open it without a version to write"
+            )
+        result = self._conn._json(
+            "POST", f"{self._path}/{op}", params={"wait": str(wait).lower(), **(params or {})}, **kwargs
+        )
+        if result.get("position") and not wait:
+            with self._lock:
+                self._position = result["position"]
+            return None
+        return int(result["version"]) if result.get("version") is not None else None
+
+    def _ipc_rows(self, data: Any) -> bytes:
+        rows = to_arrow_table(data, user_schema(self._schema) if isinstance(data, list) else None)
+        return to_ipc(rows)
+
+    # -- metadata -------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        if self._pinned is not None:
+            return self._pinned
+        params, position = self._read_params()
+        version = int(self._conn._json("GET", f"{self._path}/version", params=params)["version"])
+        self._seen(position)
+        return version
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    @property
+    def options(self) -> TableOptions:
+        return self._options
+
+    def stats(self) -> dict[str, Any]:
+        """Snapshot facts from the manifest, plus the gateway process's memory."""
+        params = {"version": self._pinned} if self._pinned is not None else {}
+        return dict(self._conn._json("GET", f"{self._path}/stats", params=params))
+
+    def versions(self) -> list[dict[str, Any]]:
+        return list(self._conn._json("GET", f"{self._path}/versions")["versions"])
+
+    def checkout(self, version: int) -> RemoteTable:
+        """A read-only handle on an earlier version (while it is retained)."""
+        return self._conn.open_table(self.name, version)
+
+    # -- reads ----------------------------------------------------------------------------
+    def to_arrow(self, columns: list[str] | None = None, where: str | None = None) -> pa.Table:
+        params, position = self._read_params()
+        result = self._conn._arrow(f"{self._path}/scan", {"columns": columns, "where": where}, params)
+        self._seen(position)
+        return result
+
+    def count_rows(self, where: str | None = None) -> int:
+        params, position = self._read_params()
+        count = int(self._conn._json("POST", f"{self._path}/count", json={"where": where}, params=params)["count"])
+        self._seen(position)
+        return count
+
+    def bm25_search(
+        self, column: str, query: str, k: int = 10, *, mode: str = "any", projection: list[str] | None = None
+    ) -> pa.Table:
+        return self._search("bm25", {"column": column, "query": query, "k": k, "mode": mode, "projection": projection})
+
+    def bm25_search_prefix(
+        self, column: str, prefix: str, k: int = 10, *, projection: list[str] | None = None
+    ) -> pa.Table:
+        return self._search("prefix", {"column": column, "prefix": prefix, "k": k, "projection": projection})
+
+    def token_match(
+        self, column: str, tokens: str | list[str], mode: str = "and", *, projection: list[str] | None = None
+    ) -> pa.Table:
+        return self._search("token_match", {"column": column, "tokens": tokens, "mode": mode, "projection": projection})
+
+    def exact_match(self, column: str, value: str, *, projection: list[str] | None = None) -> pa.Table:
+        return self._search("exact_match", {"column": column, "value": value, "projection": projection})
+
+    def vector_search(
+        self,
+        column: str,
+        vector: Any,
+        k: int = 10,
+        *,
+        nprobe: int | None = None,
+        rerank: int | None = None,
+        filter: dict[str, str] | None = None,
+        where: str | None = None,
+        projection: list[str] | None = None,
+    ) -> pa.Table:
+        body = {
+            "column": column,
+            "vector": _vector(column, vector),
+            "k": k,
+            "nprobe": nprobe,
+            "rerank": rerank,
+            "filter": filter,
+            "where": where,
+            "projection": projection,
+        }
+        return self._search("vector", body)
+
+    def hybrid_search(
+        self,
+        text_column: str,
+        query: str,
+        vector_column: str,
+        vector: Any,
+        k: int = 10,
+        *,
+        projection: list[str] | None = None,
+    ) -> pa.Table:
+        """BM25 and vector kNN fused by reciprocal rank (the ``hybrid_search`` SQL table function), best first."""
+        if self._pinned is not None:
+            raise ReadOnlyTableError("hybrid_search runs on the latest version; use sql() on a pinned version")
+        body = {
+            "text_column": text_column,
+            "query": query,
+            "vector_column": vector_column,
+            "vector": _vector(vector_column, vector),
+            "k": k,
+            "projection": projection,
+        }
+        return self._search("hybrid", body)
+
+    # -- writes ---------------------------------------------------------------------------
+    def append(self, data: Any, *, wait: bool = True) -> int | None:
+        """Add rows; returns the version that includes them (None with ``wait=False`` in suite mode)."""
+        return self._write("append", wait, content=self._ipc_rows(data), headers={"content-type": ARROW_STREAM})
+
+    def delete(self, where: str, *, wait: bool = True) -> int | None:
+        """Delete every row matching the SQL predicate; returns the version (see ``append`` for ``wait``)."""
+        return self._write("delete", wait, json={"where": where})
+
+    def update(self, where: str, data: Any, *, wait: bool = True) -> int | None:
+        """Replace the rows matching ``where`` 1:1 by ``data``, keeping their ``_id``; returns the version."""
+        return self._write(
+            "update",
+            wait,
+            content=self._ipc_rows(data),
+            headers={"content-type": ARROW_STREAM},
+            params={"where": where},
+        )
+
+    def __repr__(self) -> str:
+        at = f", version={self._pinned}" if self._pinned is not None else ""
+        return f"RemoteTable({self.name!r}{at}, gateway={self._conn.uri!r})"
+
+
+def _vector(column: str, vector: Any) -> Any:
+    """The query vector as a JSON list (numpy arrays included); the gateway checks its length and values."""
+    try:
+        return np.asarray(vector, dtype=np.float64).tolist()
+    except (TypeError, ValueError):
+        raise InvalidVectorError(f"query vector for {column!r} must be a list of numbers") from None
