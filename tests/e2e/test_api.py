@@ -1,0 +1,259 @@
+"""The Connection API, one suite for both sides: embedded (file://) and remote (a real gateway over HTTP).
+
+Every test runs twice with identical assertions: ``db`` is either
+``superfile.connect("file://...")`` or ``superfile.connect("http://...", api_key=...)``
+against a uvicorn gateway (embedded mode) serving another file:// root.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import superfile
+from superfile.errors import (
+    InvalidOptionError,
+    InvalidPredicateError,
+    InvalidTableNameError,
+    InvalidVectorError,
+    ReadOnlyTableError,
+    SchemaMismatchError,
+    SqlError,
+    TableExistsError,
+    TableNotFoundError,
+    UnknownColumnError,
+    VectorDimensionError,
+    VersionNotFoundError,
+)
+from superfile_gateway import BackgroundServer, Settings, parse_api_keys
+
+DIM = 4
+SCHEMA = pa.schema([("key", pa.int64()), ("title", pa.string()), ("tag", pa.string()), ("emb", pa.list_(pa.float32()))])
+SIMPLE = pa.schema([("key", pa.int64()), ("title", pa.string())])
+TITLES = [
+    "supersonic boundary layer",
+    "boundary layer transition",
+    "heat transfer in hypersonic flow",
+    "supersonic wing flutter",
+    "laminar flow over a flat plate",
+    "shock wave boundary interaction",
+]
+
+
+def _rows(keys: range) -> list[dict[str, Any]]:
+    rows = []
+    for k in keys:
+        emb = [0.0] * DIM
+        emb[k % DIM] = 1.0
+        emb[(k + 1) % DIM] = 0.1 * (k % 3)
+        rows.append({"key": k, "title": TITLES[k % len(TITLES)], "tag": "even" if k % 2 == 0 else "odd", "emb": emb})
+    return rows
+
+
+@pytest.fixture(scope="module", params=["embedded", "remote"])
+def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    uri = f"file://{tmp_path_factory.mktemp(request.param)}"
+    if request.param == "embedded":
+        yield superfile.connect(uri)
+        return
+    settings = Settings(storage=uri, api_keys=parse_api_keys("api-test-key:*:rw"))
+    with BackgroundServer(settings) as server:
+        conn = superfile.connect(server.url, api_key="api-test-key")
+        yield conn
+        conn.close()
+
+
+@pytest.fixture
+def table(db: Any) -> Any:
+    """A fresh table with 12 rows: key 0..11, six titles, tag even/odd, a 4-d vector."""
+    t = db.create_table(
+        f"t_{uuid.uuid4().hex[:8]}", SCHEMA, fts_columns=["title", "tag"], vector_columns={"emb": {"dim": DIM}}
+    )
+    t.append(_rows(range(12)))
+    return t
+
+
+def _keys(result: pa.Table) -> list[int]:
+    return result.column("key").to_pylist()
+
+
+def test_catalog(db: Any) -> None:
+    name = f"c_{uuid.uuid4().hex[:8]}"
+    t = db.create_table(name, SCHEMA, fts_columns=["title"], vector_columns={"emb": DIM})
+    assert name in db.table_names()
+    assert t.version == 1
+    assert t.schema.names == ["_id", "key", "title", "tag", "emb"]
+    assert t.schema.field("emb").type == pa.list_(pa.float32(), DIM)
+    assert dict(t.options.fts_columns) == {"title": "english"}
+    assert t.options.vector_columns["emb"].dim == DIM
+    with pytest.raises(TableExistsError):
+        db.create_table(name, SIMPLE)
+    again = db.create_table(name, SCHEMA, vector_columns={"emb": DIM}, exist_ok=True, data=_rows(range(3)))
+    assert again.count_rows() == 0  # exist_ok returns the existing table and appends nothing, as embedded does
+    opened = db.open_table(name)
+    assert opened.schema.equals(t.schema)
+    with pytest.raises(TableNotFoundError):
+        db.open_table(f"missing_{uuid.uuid4().hex[:6]}")
+    with pytest.raises(InvalidTableNameError):
+        db.open_table("../escape")
+    with pytest.raises(InvalidTableNameError):
+        db.create_table("a/b", SIMPLE)
+    with pytest.raises(InvalidOptionError):
+        db.create_table(f"bad_{uuid.uuid4().hex[:6]}", SIMPLE, fts_columns=["title"], tokenizer="klingon")
+    with pytest.raises(UnknownColumnError):
+        db.create_table(f"bad_{uuid.uuid4().hex[:6]}", SIMPLE, fts_columns=["nope"])
+    with pytest.raises(InvalidOptionError):
+        db.create_table(f"bad_{uuid.uuid4().hex[:6]}", SCHEMA)  # a list column that is not a vector column
+    with pytest.raises(InvalidOptionError):
+        db.create_table(f"bad_{uuid.uuid4().hex[:6]}", SIMPLE, max_rows_per_superfile=0)
+    db.drop_table(name)
+    assert name not in db.table_names()
+    with pytest.raises(TableNotFoundError):
+        db.open_table(name)
+    with pytest.raises(TableNotFoundError):
+        db.drop_table(name)
+
+
+def test_create_from_data(db: Any) -> None:
+    data = pa.table({"key": [1, 2], "title": ["a b", "c d"]})
+    t = db.create_table(f"d_{uuid.uuid4().hex[:8]}", data=data, fts_columns=["title"])
+    assert t.count_rows() == 2
+    assert t.to_arrow(columns=["key", "title"]).equals(data)
+
+
+def test_append_and_read(table: Any) -> None:
+    v = table.version
+    assert table.append(pa.Table.from_pylist(_rows(range(12, 15)), schema=SCHEMA)) == v + 1
+    assert table.append([]) == v + 1  # nothing to add: same version
+    assert table.count_rows() == 15
+    assert table.count_rows("tag = 'even'") == 8
+    rows = table.to_arrow(columns=["key", "title"], where="key >= 12")
+    assert rows.to_pylist() == [{"key": k, "title": TITLES[k % 6]} for k in (12, 13, 14)]
+    emb = table.to_arrow(columns=["emb"], where="key = 1").column("emb")[0].as_py()
+    assert emb == pytest.approx([0.0, 1.0, 0.1, 0.0])
+    assert sorted(table.to_arrow().column("_id").to_pylist()) == list(range(15))
+    ops = [v["operation"] for v in table.versions()]
+    assert ops == ["create", "append", "append"]
+    assert table.stats()["row_count"] == 15
+
+
+def test_bm25_and_prefix(table: Any) -> None:
+    result = table.bm25_search("title", "supersonic boundary", k=5, projection=["key", "title"])
+    assert result.column_names == ["_id", "score", "key", "title"]
+    scores = result.column("score").to_pylist()
+    assert scores == sorted(scores, reverse=True) and len(result) == 5
+    assert set(_keys(result)[:2]) == {0, 6}  # "supersonic boundary layer" has both terms
+    every = table.bm25_search("title", "supersonic boundary", k=20, mode="all", projection=["key"])
+    assert sorted(_keys(every)) == [0, 6]
+    prefix = table.bm25_search_prefix("title", "hyper", k=10, projection=["key"])
+    assert sorted(_keys(prefix)) == [2, 8]
+    whole = table.bm25_search("title", "flutter", k=3)
+    assert whole.column_names == ["_id", "score", "key", "title", "tag", "emb"]
+    assert _keys(whole) in ([3, 9], [9, 3])
+
+
+def test_token_and_exact_match(table: Any) -> None:
+    both = table.token_match("title", ["boundary", "layer"], "and", projection=["key"])
+    assert sorted(_keys(both)) == [0, 1, 6, 7]
+    assert both.column("score").null_count == len(both)
+    either = table.token_match("title", "flutter laminar", "or", projection=["key"])
+    assert sorted(_keys(either)) == [3, 4, 9, 10]
+    exact = table.exact_match("title", "supersonic wing flutter", projection=["key"])
+    assert sorted(_keys(exact)) == [3, 9]
+    assert len(table.exact_match("title", "supersonic wing")) == 0
+
+
+def test_vector_search(table: Any) -> None:
+    nearest = table.vector_search("emb", np.array([1.0, 0.0, 0.0, 0.0]), k=3, projection=["key"])
+    assert nearest.column_names == ["_id", "score", "key"]
+    assert _keys(nearest)[0] in (0, 4, 8) and set(_keys(nearest)) == {0, 4, 8}
+    distances = nearest.column("score").to_pylist()
+    assert distances == sorted(distances)
+    filtered = table.vector_search(
+        "emb", [1.0, 0.0, 0.0, 0.0], k=3, filter={"column": "title", "query": "flutter"}, projection=["key"]
+    )
+    assert sorted(_keys(filtered)) == [3, 9]
+    where = table.vector_search("emb", [0.0, 1.0, 0.0, 0.0], k=2, where="key > 4", projection=["key", "tag"])
+    assert _keys(where) == [9, 5]  # 9 is exactly the query direction, 5 leans towards the third axis
+    assert where.column("tag").to_pylist() == ["odd", "odd"]
+
+
+def test_sql(db: Any, table: Any) -> None:
+    n = db.sql(f"SELECT count(*) AS n FROM {table.name} WHERE tag = 'odd'")
+    assert n.to_pylist() == [{"n": 6}]
+    top = db.sql(f"SELECT key FROM bm25_search('{table.name}', 'title', 'flutter', 5) ORDER BY key")
+    assert top.column("key").to_pylist() == [3, 9]
+    hybrid = db.sql(
+        f"SELECT key, score FROM hybrid_search('{table.name}', 'title', 'flutter', 'emb', [0.0, 0.0, 0.0, 1.0], 4)"
+        " ORDER BY score DESC, key"
+    )
+    assert len(hybrid) == 4 and set(hybrid.column("key").to_pylist()[:2]) <= {3, 9, 7, 11}
+    with pytest.raises(SqlError):
+        db.sql(f"SELECT nope FROM {table.name}")
+    with pytest.raises(SqlError):
+        db.sql(f"DELETE FROM {table.name}")
+
+
+def test_update_delete_checkout(table: Any) -> None:
+    v = table.version
+    before = table.to_arrow(columns=["_id"], where="key = 3").column("_id").to_pylist()
+    assert table.update("key = 3", [{"key": 3, "title": "rewritten title", "tag": "odd", "emb": [0, 0, 0, 1]}]) == v + 1
+    after = table.to_arrow(columns=["_id", "title"], where="key = 3")
+    assert after.column("_id").to_pylist() == before and after.column("title").to_pylist() == ["rewritten title"]
+    assert table.delete("tag = 'even'") == v + 2
+    assert table.count_rows() == 6
+    assert sorted(_keys(table.token_match("title", ["boundary"], projection=["key"]))) == [1, 5, 7, 11]
+    old = table.checkout(v)
+    assert old.count_rows() == 12 and old.version == v
+    with pytest.raises(ReadOnlyTableError):
+        old.append(_rows(range(1)))
+    with pytest.raises(VersionNotFoundError):
+        table.checkout(999)
+
+
+def test_bad_input_writes_nothing(table: Any) -> None:
+    v, n = table.version, table.count_rows()
+    with pytest.raises(SchemaMismatchError):
+        table.append([{"key": 1, "nope": "x", "emb": [0, 0, 0, 1]}])
+    with pytest.raises(SchemaMismatchError):
+        table.append(pa.table({"key": ["not a number"], "emb": [[0.0, 0, 0, 1]]}))
+    with pytest.raises(SchemaMismatchError):
+        table.append([{"key": 1, "title": "x", "emb": [1.0, 2.0]}])  # rows are checked against the schema first
+    with pytest.raises(VectorDimensionError):
+        table.append(pa.table({"key": [1], "emb": [[1.0, 2.0]]}))
+    with pytest.raises(InvalidVectorError):
+        table.append([{"key": 1, "title": "x", "emb": [float("nan"), 0, 0, 1]}])
+    with pytest.raises(InvalidPredicateError):
+        table.delete("key ===")
+    with pytest.raises(UnknownColumnError):
+        table.delete("nope = 1")
+    with pytest.raises(SchemaMismatchError):
+        table.update("key = 1", [{"key": 1, "title": "x", "emb": [0, 0, 0, 1], "extra": 1}])
+    assert table.version == v and table.count_rows() == n
+
+
+def test_bad_queries(table: Any) -> None:
+    with pytest.raises(UnknownColumnError):
+        table.bm25_search("nope", "x")
+    with pytest.raises(UnknownColumnError):
+        table.bm25_search("title", "x", projection=["nope"])
+    with pytest.raises(InvalidOptionError):
+        table.bm25_search("title", "x", k=0)
+    with pytest.raises(InvalidOptionError):
+        table.bm25_search("title", "x", mode="most")
+    with pytest.raises(VectorDimensionError):
+        table.vector_search("emb", [1.0, 0.0], k=1)
+    with pytest.raises(InvalidVectorError):
+        table.vector_search("emb", [float("nan"), 0.0, 0.0, 0.0], k=1)
+    with pytest.raises(InvalidVectorError):
+        table.vector_search("emb", [0.0, 0.0, 0.0, 0.0], k=1)  # no direction under cosine
+    with pytest.raises(UnknownColumnError):
+        table.vector_search("emb", [1.0, 0.0, 0.0, 0.0], filter={"column": "nope", "query": "x"})
+    with pytest.raises(InvalidPredicateError):
+        table.to_arrow(where="key >>> 1")
+    with pytest.raises(UnknownColumnError):
+        table.to_arrow(columns=["nope"])
