@@ -1,0 +1,165 @@
+"""``superfile-builder``: runs one pipeline per table, serves ``/metrics``.
+
+Tables are the ``--tables`` given, or every table found in storage,
+rescanned every ``--rescan-ms``; a table only gets a pipeline once it exists
+in storage (the gateway creates tables directly there). Events on topics of
+tables that do not exist are left in the log, unapplied. SIGTERM/SIGINT stop
+every pipeline (each commits what it staged while it still holds its lease)
+and release the leases; a SIGKILLed builder's leases expire after
+``--lease-ms``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+
+import redis
+import superfile
+from superfile import telemetry
+
+from superfile_builder.lease import LeaseKeeper
+from superfile_builder.metrics import BuilderMetrics
+from superfile_builder.pipeline import PipelineConfig, TablePipeline
+
+__all__ = ["Builder", "main", "parse_args"]
+
+log = logging.getLogger("superfile_builder")
+
+
+class Builder:
+    """The supervisor: keeps a running pipeline for every table it should build."""
+
+    def __init__(
+        self,
+        storage: str,
+        config: PipelineConfig,
+        redis_url: str,
+        *,
+        tables: Sequence[str] | None = None,
+        lease_ms: int = 5000,
+        rescan_ms: int = 5000,
+    ) -> None:
+        self.conn = superfile.connect(storage)
+        self.config = config
+        self.tables = list(tables) if tables else None
+        self.rescan_s = rescan_ms / 1000
+        self.metrics = BuilderMetrics()
+        self.leases = LeaseKeeper(redis.Redis.from_url(redis_url), lease_ms)
+        self.pipelines: dict[str, TablePipeline] = {}
+        self._stop = threading.Event()
+
+    def scan(self) -> None:
+        """Start pipelines for tables that need one; stop those whose table is no longer wanted."""
+        existing = set(self.conn.table_names())
+        wanted = existing if self.tables is None else existing & set(self.tables)
+        for name, pipeline in list(self.pipelines.items()):
+            if not pipeline.is_alive() or name not in wanted:
+                pipeline.stop()
+                pipeline.join(timeout=30)
+                del self.pipelines[name]
+                self.metrics.forget(name)
+        for name in sorted(wanted - set(self.pipelines)):
+            pipeline = TablePipeline(self.conn, name, self.config, self.leases.lease(name), self.metrics)
+            self.pipelines[name] = pipeline
+            pipeline.start()
+            log.info("table %s: pipeline started", name)
+
+    def run(self) -> None:
+        self.leases.start()
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.scan()
+                except Exception:
+                    log.exception("table scan failed")
+                    self.metrics.errors.add(1, {"table": "", "kind": "scan"})
+                self._stop.wait(self.rescan_s)
+        finally:
+            for pipeline in self.pipelines.values():
+                pipeline.stop()
+            for pipeline in self.pipelines.values():
+                pipeline.join(timeout=30)
+            self.leases.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class _Metrics(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path.split("?")[0] != "/metrics":
+            self.send_error(404)
+            return
+        body = telemetry.render()
+        self.send_response(200)
+        self.send_header("Content-Type", telemetry.CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return  # scrapes are not worth a log line
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="superfile-builder", description=__doc__.split("\n")[0])
+    p.add_argument("--storage", required=True, help="table root URI (s3://bucket/prefix?endpoint_url=..., file://...)")
+    p.add_argument("--kafka", required=True, help="bootstrap HOST:PORT")
+    p.add_argument("--redis", required=True, help="redis://HOST:PORT/DB for the leases")
+    p.add_argument("--tables", type=lambda s: [t for t in s.split(",") if t], help="a,b (default: every table)")
+    p.add_argument("--commit-rows", type=int, default=100_000, help="commit once this many rows are staged")
+    p.add_argument("--commit-bytes", type=int, default=64 << 20, help="commit once this many record bytes are staged")
+    p.add_argument("--freshness-ms", type=int, default=1000, help="commit a batch at most this long after its start")
+    p.add_argument("--lease-ms", type=int, default=5000, help="lease ttl: a dead builder's tables wait this long")
+    p.add_argument("--rescan-ms", type=int, default=5000, help="how often storage is listed for new tables")
+    p.add_argument("--topic-prefix", default="superfile")
+    p.add_argument("--metrics-port", type=int, default=9101, help="0 disables /metrics")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    for name in ("commit_rows", "commit_bytes", "freshness_ms", "rescan_ms"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    if args.lease_ms < 100:
+        p.error("--lease-ms must be at least 100")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = PipelineConfig(
+        kafka=args.kafka,
+        commit_rows=args.commit_rows,
+        commit_bytes=args.commit_bytes,
+        freshness_ms=args.freshness_ms,
+        topic_prefix=args.topic_prefix,
+    )
+    builder = Builder(
+        args.storage, config, args.redis, tables=args.tables, lease_ms=args.lease_ms, rescan_ms=args.rescan_ms
+    )
+    server: ThreadingHTTPServer | None = None
+    if args.metrics_port:
+        server = ThreadingHTTPServer(("0.0.0.0", args.metrics_port), _Metrics)
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        builder.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("builder %s started (storage %s, kafka %s)", builder.leases.owner, args.storage, args.kafka)
+    try:
+        builder.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+
+
+if __name__ == "__main__":
+    main()

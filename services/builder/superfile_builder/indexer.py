@@ -1,0 +1,108 @@
+"""Indexer stage: accumulates one batch of events into an engine transaction, in log order.
+
+Consecutive appends are validated one by one (a bad one is rejected alone)
+and concatenated, then staged as one ``Transaction.append`` (each append
+reserves ids with a storage round trip, so per-event appends would cost a
+round trip per event). A delete or update first stages the appends before it,
+so it sees them, exactly as the log orders them. The engine builds superfiles
+as the transaction's buffer fills and at commit (sharding, indexes,
+summaries).
+
+An event the engine rejects (schema mismatch, bad predicate, an update whose
+replacement rows do not match the row count) is skipped as ``rejected``: the
+engine validates before it stages anything, so the transaction is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import pyarrow as pa
+from superfile.errors import InvalidInputError
+from superfile.events import Event
+from superfile.manifest.model import ManifestList
+from superfile.schema import coerce
+from superfile.table import Supertable, Transaction
+
+from superfile_builder.processor import Processed
+
+__all__ = ["REJECTED", "Batch"]
+
+log = logging.getLogger(__name__)
+
+REJECTED = "rejected"
+
+
+class Batch:
+    """The events of one commit: a contiguous offset range of the table's log starting at ``start``."""
+
+    def __init__(
+        self, table: Supertable, start: int, precondition: Callable[[ManifestList], None] | None = None
+    ) -> None:
+        self.table = table
+        self.start = start
+        self._precondition = precondition
+        self.end = start  # next offset to consume: the log_offsets this batch commits
+        self.rows = 0  # rows staged by appends and updates
+        self.nbytes = 0  # record bytes consumed
+        self.events = 0  # events applied
+        self.first_at: float | None = None  # monotonic time of the first record
+        self.skipped: dict[str, int] = {}
+        self._tx: Transaction | None = None
+        self._pending: list[pa.Table] = []
+
+    @property
+    def empty(self) -> bool:
+        return self.end == self.start
+
+    def transaction(self) -> Transaction:
+        """The transaction (opened on the latest snapshot at the first event, or now), with everything staged."""
+        if self._tx is None:
+            self._tx = self.table.transaction(precondition=self._precondition)
+        self._stage_appends()
+        return self._tx
+
+    def add(self, processed: Processed) -> str | None:
+        """Take one record's outcome; returns the skip reason, if it was not applied."""
+        if processed.offset < self.end:
+            raise ValueError(f"offset {processed.offset} is behind the batch end {self.end}")
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        self.end = processed.offset + 1
+        self.nbytes += processed.nbytes
+        reason = processed.skipped
+        if processed.event is not None:
+            try:
+                self._apply(processed.event)
+                self.events += 1
+            except InvalidInputError as exc:
+                log.error("table %s: rejecting event at offset %d: %s", self.table.name, processed.offset, exc)
+                reason = REJECTED
+        if reason is not None:
+            self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        return reason
+
+    def _apply(self, event: Event) -> None:
+        if event.op == "append":
+            assert event.data is not None
+            rows = coerce(event.data, self.table.schema, self.table.options)
+            self._pending.append(rows)
+            self.rows += rows.num_rows
+            return
+        assert event.where is not None
+        if event.op == "delete":
+            self.transaction().delete(event.where)
+        else:
+            assert event.data is not None
+            self.transaction().update(event.where, event.data)
+            self.rows += event.data.num_rows
+
+    def _stage_appends(self) -> None:
+        """Hand the accumulated appends to the transaction as one append."""
+        if self._pending:
+            assert self._tx is not None
+            rows = pa.concat_tables(self._pending)
+            self._pending = []
+            self._tx.append(rows)

@@ -1,0 +1,87 @@
+"""Publisher stage: commits a batch with the log position it reached, fenced against other builders.
+
+The commit records, atomically with the data, ``log_offsets`` (the next offset
+to apply), ``log_sources`` (each source's highest applied seq) and
+``log_fences`` (the lease fence of the builder that committed). Its
+precondition, run by the engine against the manifest each publish attempt
+builds on, requires that this manifest still records the offset the batch
+started from and no newer fence, and that the lease is still held. A builder
+whose lease expired and was taken over therefore cannot double-apply or
+overwrite: the new holder either committed first (the offset moved on) or
+commits after (its own precondition then fails and it re-reads). The pointer
+swap itself stays guarded by the storage's conditional put.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from superfile.errors import ContentionError
+from superfile.events import LOG_PROPERTY, SOURCES_PROPERTY
+from superfile.manifest.model import ManifestList
+
+from superfile_builder.indexer import Batch
+from superfile_builder.lease import Lease
+
+__all__ = ["FENCE_PROPERTY", "FencedError", "Publisher", "applied_offset"]
+
+# {topic: fence of the lease the last commit was made under}
+FENCE_PROPERTY = "log_fences"
+
+
+class FencedError(ContentionError):
+    """The table moved on under this batch (another builder committed, or the lease was lost): nothing committed."""
+
+
+def applied_offset(manifest: ManifestList, topic: str) -> int:
+    """The next offset of ``topic`` the manifest has not applied."""
+    return int(manifest.properties.get(LOG_PROPERTY, {}).get(topic, 0))
+
+
+class Publisher:
+    """Commits the batches of one table's topic under one lease."""
+
+    def __init__(self, topic: str, lease: Lease) -> None:
+        self.topic = topic
+        self.lease = lease
+        self._logged: dict[str, dict[str, Any]] = {}
+
+    def reset(self, properties: Mapping[str, Any]) -> None:
+        """Carry on from a manifest's log properties (other topics' entries are kept as they are)."""
+        self._logged = {key: dict(properties.get(key, {})) for key in (LOG_PROPERTY, SOURCES_PROPERTY, FENCE_PROPERTY)}
+
+    def precondition(self, start: int) -> Callable[[ManifestList], None]:
+        """The check a batch starting at offset ``start`` commits under (given to its transaction)."""
+        fence = self.lease.fence
+
+        def check(base: ManifestList) -> None:
+            applied = applied_offset(base, self.topic)
+            if applied != start:
+                raise FencedError(
+                    f"{self.topic}: the table has applied up to offset {applied}, this batch starts at {start}"
+                )
+            committed_fence = int(base.properties.get(FENCE_PROPERTY, {}).get(self.topic, 0))
+            if committed_fence > fence:
+                raise FencedError(f"{self.topic}: fence {committed_fence} committed, this builder holds {fence}")
+            if not self.lease.valid():
+                raise FencedError(f"{self.topic}: the lease on table {self.lease.table!r} is no longer held")
+
+        return check
+
+    def commit(self, batch: Batch, sources: dict[str, list[int]]) -> int:
+        """Publish the batch with its log position; returns the new version. Raises FencedError."""
+        if not self.lease.valid():
+            raise FencedError(f"{self.topic}: the lease on table {self.lease.table!r} is no longer held")
+        # The precondition guarantees no other builder committed since the batch's start, so the log
+        # properties as of then (kept by reset() and our own commits) are the ones the commit builds on.
+        logged = {
+            LOG_PROPERTY: {**self._logged.get(LOG_PROPERTY, {}), self.topic: batch.end},
+            SOURCES_PROPERTY: {**self._logged.get(SOURCES_PROPERTY, {}), **sources},
+            FENCE_PROPERTY: {**self._logged.get(FENCE_PROPERTY, {}), self.topic: self.lease.fence},
+        }
+        tx = batch.transaction()
+        tx.set_properties(**logged)
+        version = tx.commit()
+        self._logged = logged
+        return version
