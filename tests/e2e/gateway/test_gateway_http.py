@@ -1,0 +1,217 @@
+"""The HTTP surface: bad requests are 4xx with a JSON error and write nothing; Arrow and JSON agree; metrics, docs."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+import superfile
+from gateway_helpers import MAX_BODY, SCHEMA, error_of, rows, state
+from superfile.remote.wire import ARROW_STREAM, from_ipc, to_ipc
+from superfile_gateway import BackgroundServer, Settings, parse_api_keys
+
+ADMIN = {"Authorization": "Bearer admin-key"}
+CRANFIELD = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield"
+
+
+def test_bad_json_is_400_and_writes_nothing(
+    http: httpx.Client, engine: superfile.Connection, tables: list[str]
+) -> None:
+    before = state(engine, "docs")
+    json_type = {**ADMIN, "content-type": "application/json"}
+    for path in ("/tables/docs/append", "/tables/docs/update", "/tables/docs/delete", "/tables/docs/search/bm25"):
+        assert error_of(http.post(path, headers=json_type, content=b'{"rows": [')) == (400, "InvalidInputError"), path
+    assert error_of(http.post("/tables/docs/append", headers=json_type, content=b'{"not": "rows"}')) == (
+        400,
+        "InvalidInputError",
+    )
+    arrow_type = {**ADMIN, "content-type": ARROW_STREAM}
+    assert error_of(http.post("/tables/docs/append", headers=arrow_type, content=b"not arrow")) == (
+        400,
+        "InvalidInputError",
+    )
+    assert state(engine, "docs") == before
+
+
+def test_wrong_shape_is_422(http: httpx.Client, tables: list[str]) -> None:
+    cases = [
+        {"column": "title"},  # no query
+        {"column": "title", "query": "flow", "k": "many"},
+        {"column": "title", "query": "flow", "unexpected": 1},
+    ]
+    for body in cases:
+        response = http.post("/tables/docs/search/bm25", headers=ADMIN, json=body)
+        assert error_of(response) == (422, "InvalidInputError"), body
+    assert "k" in http.post("/tables/docs/search/bm25", headers=ADMIN, json=cases[1]).json()["error"]["message"]
+    assert error_of(http.post("/tables/docs/delete", headers=ADMIN, json={})) == (422, "InvalidInputError")
+
+
+def test_wrong_schema_and_bad_values_write_nothing(
+    http: httpx.Client, engine: superfile.Connection, tables: list[str]
+) -> None:
+    before = state(engine, "docs")
+    bad = [
+        ([{"key": 1, "nope": 2, "emb": [0, 0, 0, 1]}], "SchemaMismatchError"),
+        ([{"key": "one", "emb": [0, 0, 0, 1]}], "SchemaMismatchError"),
+        ([{"key": 1, "emb": [0, 0, 0, 1], "_id": 5}], "SchemaMismatchError"),
+        (pa.table({"key": [1], "emb": [[0.0, 1.0]]}), "VectorDimensionError"),
+        (pa.table({"key": [1], "emb": [[float("inf"), 0.0, 0.0, 1.0]]}), "InvalidVectorError"),
+    ]
+    for data, expected in bad:
+        if isinstance(data, pa.Table):
+            response = http.post(
+                "/tables/docs/append", headers={**ADMIN, "content-type": ARROW_STREAM}, content=to_ipc(data)
+            )
+        else:
+            response = http.post("/tables/docs/append", headers=ADMIN, json=data)
+        assert error_of(response) == (400, expected), data
+    update = http.post("/tables/docs/update", headers=ADMIN, json={"where": "key < 2", "rows": rows(range(1))})
+    assert error_of(update) == (400, "InvalidInputError")  # matched 2 rows, 1 replacement given
+    assert error_of(http.post("/tables/docs/update", headers=ADMIN, json=rows(range(1)))) == (400, "InvalidInputError")
+    assert error_of(http.post("/tables/docs/delete", headers=ADMIN, json={"where": "key >>> 1"})) == (
+        400,
+        "InvalidPredicateError",
+    )
+    assert state(engine, "docs") == before
+
+
+def test_unknown_table_and_bad_names(http: httpx.Client, engine: superfile.Connection, tables: list[str]) -> None:
+    assert error_of(http.get("/tables/nosuch", headers=ADMIN)) == (404, "TableNotFoundError")
+    assert error_of(http.post("/tables/nosuch/append", headers=ADMIN, json=rows(range(1)))) == (
+        404,
+        "TableNotFoundError",
+    )
+    assert error_of(http.post("/tables/nosuch/search/bm25", headers=ADMIN, json={"column": "t", "query": "q"})) == (
+        404,
+        "TableNotFoundError",
+    )
+    assert "nosuch" not in engine.table_names()
+    for name in ("%2E%2E", ".hidden", "a%20b", "a.b", "x" * 200):
+        response = http.get(f"/tables/{name}", headers=ADMIN)
+        assert error_of(response) == (400, "InvalidTableNameError"), name
+    bad_create = http.post("/tables", headers=ADMIN, json={"name": "../up", "schema": [{"name": "a", "type": "int64"}]})
+    assert error_of(bad_create) == (400, "InvalidTableNameError")
+    unknown_type = http.post(
+        "/tables", headers=ADMIN, json={"name": "typed", "schema": [{"name": "a", "type": "int65"}]}
+    )
+    assert error_of(unknown_type) == (400, "InvalidInputError")
+    bad_option = http.post(
+        "/tables",
+        headers=ADMIN,
+        json={"name": "typed", "schema": [{"name": "a", "type": "int64"}], "options": {"max_staleness_s": "soon"}},
+    )
+    assert error_of(bad_option) == (400, "InvalidOptionError")
+    assert "typed" not in engine.table_names()
+    assert error_of(http.get("/no/such/route", headers=ADMIN))[0] == 404
+
+
+def _chunks(total: int) -> Iterator[bytes]:
+    sent = 0
+    while sent < total:
+        chunk = b" " * min(16384, total - sent)
+        sent += len(chunk)
+        yield chunk
+
+
+def test_oversized_body_is_413_and_writes_nothing(
+    http: httpx.Client, engine: superfile.Connection, tables: list[str]
+) -> None:
+    before = state(engine, "docs")
+    big = rows(range(MAX_BODY // 50))  # a few hundred KB of JSON
+    declared = http.post("/tables/docs/append", headers=ADMIN, json=big)
+    assert error_of(declared) == (413, "PayloadTooLargeError")
+    streamed = http.post(
+        "/tables/docs/append", headers={**ADMIN, "content-type": "application/json"}, content=_chunks(MAX_BODY + 1)
+    )
+    assert error_of(streamed) == (413, "PayloadTooLargeError")
+    arrow = to_ipc(pa.Table.from_pylist(big, schema=SCHEMA))
+    assert len(arrow) > MAX_BODY
+    response = http.post("/tables/docs/append", headers={**ADMIN, "content-type": ARROW_STREAM}, content=arrow)
+    assert error_of(response) == (413, "PayloadTooLargeError")
+    assert state(engine, "docs") == before
+    # Under the limit, streamed without a length, the body is accepted.
+    small = http.post(
+        "/tables/docs/search/bm25",
+        headers={**ADMIN, "content-type": "application/json"},
+        content=iter([b'{"column": "title", ', b'"query": "flow", "k": 2}']),
+    )
+    assert small.status_code == 200 and small.json()["num_rows"] == 2
+
+
+def test_arrow_and_json_bodies_agree(http: httpx.Client, engine: superfile.Connection, tables: list[str]) -> None:
+    body = {"column": "title", "query": "document flow", "k": 5, "projection": ["key", "title"]}
+    as_json = http.post("/tables/other/search/bm25", headers=ADMIN, json=body)
+    as_arrow = http.post("/tables/other/search/bm25", headers={**ADMIN, "accept": ARROW_STREAM}, json=body)
+    assert as_json.headers["content-type"] == "application/json"
+    assert as_arrow.headers["content-type"] == ARROW_STREAM
+    table = from_ipc(as_arrow.content)
+    assert table.schema.field("_id").type == pa.uint64()
+    assert table.schema.metadata and b"superfile.superfiles" in table.schema.metadata  # query counts travel along
+    assert as_json.json()["columns"] == table.column_names == ["_id", "score", "key", "title"]
+    assert as_json.json()["rows"] == table.to_pylist()
+    direct = engine.open_table("other").bm25_search("title", "document flow", k=5, projection=["key", "title"])
+    assert table.equals(direct)
+    # An Arrow append and an Arrow update (predicate as a query parameter).
+    v, n = state(engine, "other")
+    new = pa.Table.from_pylist(rows(range(500, 503)), schema=SCHEMA)
+    appended = http.post("/tables/other/append", headers={**ADMIN, "content-type": ARROW_STREAM}, content=to_ipc(new))
+    assert appended.json() == {"version": v + 1, "position": None}
+    replacement = pa.Table.from_pylist([{**rows(range(1))[0], "key": 501, "title": "replaced"}], schema=SCHEMA)
+    updated = http.post(
+        "/tables/other/update",
+        params={"where": "key = 501"},
+        headers={**ADMIN, "content-type": ARROW_STREAM},
+        content=to_ipc(replacement),
+    )
+    assert updated.json()["version"] == v + 2
+    assert engine.open_table("other").to_arrow(columns=["title"], where="key = 501").to_pylist() == [
+        {"title": "replaced"}
+    ]
+    assert state(engine, "other") == (v + 2, n + 3)
+
+
+def test_service_endpoints(http: httpx.Client, tables: list[str]) -> None:
+    assert http.get("/healthz").json() == {"status": "ok"}
+    assert http.get("/readyz").json() == {"status": "ready", "mode": "embedded"}
+    spec = http.get("/openapi.json").json()
+    for path in ("/tables", "/tables/{name}/append", "/tables/{name}/search/vector", "/tables/{name}/search/hybrid"):
+        assert path in spec["paths"]
+    assert ARROW_STREAM in spec["paths"]["/tables/{name}/append"]["post"]["requestBody"]["content"]
+    assert http.get("/docs").status_code == 200
+    for _ in range(3):
+        http.post("/tables/docs/search/bm25", headers=ADMIN, json={"column": "title", "query": "flow"})
+    http.post("/tables/docs/search/vector", headers=ADMIN, json={"column": "emb", "vector": [1, 0, 0, 0]})
+    http.get("/tables", headers={"X-API-Key": "wrong"})
+    text = http.get("/metrics").text
+    count = re.search(r'superfile_gateway_query_duration_seconds_count\{kind="bm25"[^}]*\} (\d+)', text)
+    assert count and int(count.group(1)) >= 3
+    assert re.search(r'superfile_gateway_query_duration_seconds_bucket\{kind="vector",le="0.005"', text)
+    assert re.search(r'superfile_gateway_requests_total\{[^}]*status="401"[^}]*\} [1-9]', text)
+    assert re.search(r'superfile_gateway_errors_total\{[^}]*type="AuthenticationError"[^}]*\} [1-9]', text)
+    assert "admin-key" not in text
+
+
+def test_sdk_results_equal_in_process(tmp_path: Path) -> None:
+    """Over the Cranfield sample: SDK results through the gateway are the engine's results, bit for bit."""
+    docs = pq.read_table(CRANFIELD / "docs.parquet").slice(0, 400)
+    queries = pq.read_table(CRANFIELD / "queries.parquet").slice(0, 10).to_pylist()
+    uri = f"file://{tmp_path}"
+    local = superfile.connect(uri).create_table(
+        "cranfield", docs.schema, fts_columns=["title", "text"], vector_columns={"embedding": 384}
+    )
+    local.append(docs)
+    settings = Settings(storage=uri, api_keys=parse_api_keys("k:*:r"))
+    with BackgroundServer(settings) as srv, superfile.connect(srv.url, api_key="k") as db:
+        remote = db.open_table("cranfield")
+        assert remote.schema.equals(local.schema) and remote.options == local.options
+        for q in queries:
+            assert remote.bm25_search("text", q["text"], k=10).equals(local.bm25_search("text", q["text"], k=10))
+            assert remote.vector_search("embedding", q["embedding"], k=10, projection=["id"]).equals(
+                local.vector_search("embedding", q["embedding"], k=10, projection=["id"])
+            )
+        assert remote.bm25_search_prefix("title", "aero", k=10).equals(local.bm25_search_prefix("title", "aero"))
+        assert remote.to_arrow(where="id < 50").equals(local.to_arrow(where="id < 50"))
