@@ -21,8 +21,8 @@ from typing import Annotated, Any, cast
 import pyarrow as pa
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from superfile.connection import Connection
@@ -346,17 +346,11 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-_bearer = HTTPBearer(auto_error=False)  # these two only document the schemes in OpenAPI
-_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
-
-
-def _principal(
-    request: Request,
-    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    x_api_key: Annotated[str | None, Depends(_api_key_header)],
-) -> Principal:
+async def _principal(request: Request) -> Principal:
+    """The caller's key (async: a sync dependency would cost each request a trip through the thread pool)."""
     gateway: Gateway = request.app.state.gateway
-    return gateway.keys.authenticate(request.headers.get("authorization"), x_api_key)
+    headers = request.headers
+    return gateway.keys.authenticate(headers.get("authorization"), headers.get("x-api-key"))
 
 
 Auth = Annotated[Principal, Depends(_principal)]
@@ -380,8 +374,24 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         description="The superfile Connection API over HTTP: tables, writes, BM25/prefix/token/exact/vector/hybrid "
         f"search and SQL. Results are JSON, or Arrow IPC streams with `Accept: {ARROW_STREAM}`.",
         lifespan=lifespan,
+        # The gateway's own instruments cover requests; FastAPI's per-request telemetry would double the cost.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.gateway = gw
+
+    def openapi() -> dict[str, Any]:
+        """The generated schema plus the two ways to present an API key (checked in ``_principal``)."""
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+            }
+            schema["security"] = [{"bearer": []}, {"apiKey": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     # -- errors ------------------------------------------------------------------------
     @app.exception_handler(SuperfileError)

@@ -181,6 +181,7 @@ def test_service_endpoints(http: httpx.Client, tables: list[str]) -> None:
     for path in ("/tables", "/tables/{name}/append", "/tables/{name}/search/vector", "/tables/{name}/search/hybrid"):
         assert path in spec["paths"]
     assert ARROW_STREAM in spec["paths"]["/tables/{name}/append"]["post"]["requestBody"]["content"]
+    assert set(spec["components"]["securitySchemes"]) == {"bearer", "apiKey"}
     assert http.get("/docs").status_code == 200
     for _ in range(3):
         http.post("/tables/docs/search/bm25", headers=ADMIN, json={"column": "title", "query": "flow"})

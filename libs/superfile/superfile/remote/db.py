@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -81,7 +82,9 @@ class RemoteConnection:
             base_url=self.uri,
             headers=base,
             timeout=timeout,
-            transport=httpx.HTTPTransport(retries=2),  # connection failures only: no request is sent twice
+            # Retries cover connection failures only: no request is sent twice. TCP_NODELAY: httpx writes the
+            # headers and the body separately, and Nagle would hold the body until the headers are acknowledged.
+            transport=httpx.HTTPTransport(retries=2, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]),
         )
 
     # -- transport ----------------------------------------------------------------------
