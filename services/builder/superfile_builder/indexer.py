@@ -39,11 +39,17 @@ class Batch:
     """The events of one commit: a contiguous offset range of the table's log starting at ``start``."""
 
     def __init__(
-        self, table: Supertable, start: int, precondition: Callable[[ManifestList], None] | None = None
+        self,
+        table: Supertable,
+        start: int,
+        precondition: Callable[[ManifestList], None] | None = None,
+        *,
+        ready: Callable[[], None] | None = None,
     ) -> None:
         self.table = table
         self.start = start
         self._precondition = precondition
+        self._ready = ready  # called before a delete or update opens the transaction (the batch before must be in)
         self.end = start  # next offset to consume: the log_offsets this batch commits
         self.rows = 0  # rows staged by appends and updates
         self.nbytes = 0  # record bytes consumed
@@ -92,6 +98,8 @@ class Batch:
             self.rows += rows.num_rows
             return
         assert event.where is not None
+        if self._tx is None and self._ready is not None:
+            self._ready()  # the predicate resolves against the table: the batch before must be in it
         if event.op == "delete":
             self.transaction().delete(event.where)
         else:

@@ -5,6 +5,7 @@ Exported names (Prometheus adds ``_total`` to counters and the unit suffix):
 (label ``reason``), ``..._errors`` (label ``kind``), ``..._commits``,
 ``..._commit_seconds`` (histogram), and per-table gauges ``..._lag_records``
 (log end offset minus applied offset), ``..._applied_offset``,
+``..._consumed_offset`` (next offset to read: staged but uncommitted records lie between the two),
 ``..._superfiles``, ``..._table_bytes`` and ``..._lease_held`` (1 while this
 process holds the table's lease). Every series carries a ``table`` label.
 """
@@ -27,6 +28,7 @@ class TableGauges:
 
     lease_held: int = 0
     applied_offset: int = 0
+    consumed_offset: int = 0
     end_offset: int = 0
     superfiles: int = 0
     table_bytes: int = 0
@@ -52,9 +54,10 @@ class BuilderMetrics:
         gauges = {
             "superfile_builder_lag_records": ("log end offset minus applied offset", self._lag),
             "superfile_builder_applied_offset": ("next log offset to apply", self._field("applied_offset")),
+            "superfile_builder_consumed_offset": ("next log offset to read", self._field("consumed_offset")),
             "superfile_builder_superfiles": ("superfiles in the current manifest", self._field("superfiles")),
             "superfile_builder_table_bytes": ("bytes of the current manifest's superfiles", self._field("table_bytes")),
-            "superfile_builder_lease_held": ("1 while this builder holds the table's lease", self._field("lease_held")),
+            "superfile_builder_lease_held": ("1 while this builder holds the lease", self._field("lease_held")),
         }
         for name, (description, callback) in gauges.items():
             m.create_observable_gauge(name, callbacks=[callback], description=description)

@@ -8,6 +8,13 @@ the processor, dropping whatever it had staged. A batch is committed when it
 reaches ``commit_rows`` rows or ``commit_bytes`` record bytes, or when its
 first record is ``freshness_ms`` old, whichever comes first.
 
+Commits run on a second thread so the next batch accumulates meanwhile (an
+event then waits at most the freshness bound plus one commit, not two).
+Commits stay strictly sequential: a batch is submitted only after the one
+before it is published, and a batch that needs the table state (a delete or
+an update) waits for the commit in flight first. When a commit fails, the
+batch accumulating behind it is dropped too and the pipeline resumes.
+
 If the table is dropped, the pipeline stops (releasing the lease); events
 left in the topic are not applied anywhere. The supervisor starts a new
 pipeline if a table of that name appears again.
@@ -18,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from superfile.connection import Connection
@@ -69,28 +77,33 @@ class TablePipeline(threading.Thread):
         self.labels = {"table": table}
         self.processor = Processor(table)
         self.publisher = Publisher(self.topic, lease)
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._table: Supertable | None = None
         self._batch: Batch | None = None
         self._next = 0  # next offset to consume
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix=f"publisher-{table}")
+        self._inflight: Future[None] | None = None
 
     def stop(self) -> None:
         """Ask the thread to finish: it commits what it staged (if it still holds the lease) and releases."""
-        self._stop.set()
+        self._stopping.set()
 
     def run(self) -> None:
         source: KafkaSource | None = None
         try:
             source = KafkaSource(self.config.kafka, self.topic)
             self._loop(source)
+            self._await_commit()
             if self._batch is not None and not self._batch.empty and self.lease.valid():
                 self._commit()
+                self._await_commit()
         except TableNotFoundError:
             log.warning("table %s no longer exists; its pipeline stops", self.table_name)
         except Exception:
             log.exception("pipeline for table %s failed", self.table_name)
             self.metrics.errors.add(1, {**self.labels, "kind": "pipeline"})
         finally:
+            self._committer.shutdown(wait=True)
             self.lease.release()
             self.gauges.lease_held = 0
             if source is not None:
@@ -99,12 +112,12 @@ class TablePipeline(threading.Thread):
     # -- the loop ----------------------------------------------------------------------
     def _loop(self, source: KafkaSource) -> None:
         retry = max(0.05, self.lease.ttl_ms / 1000 / 4)
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             if not self.lease.valid():
-                self._batch = None
+                self._drop()
                 self.gauges.lease_held = 0
                 if not self.lease.try_acquire():
-                    self._stop.wait(retry)
+                    self._stopping.wait(retry)
                     continue
                 self.gauges.lease_held = 1
                 self._resume(source)
@@ -115,18 +128,32 @@ class TablePipeline(threading.Thread):
             except FencedError as exc:
                 log.warning("table %s: commit fenced, resuming from the manifest: %s", self.table_name, exc)
                 self.metrics.errors.add(1, {**self.labels, "kind": "fenced"})
+                self._drop()
                 if self.lease.valid():
                     self._resume(source)
             except Exception as exc:
                 log.exception("table %s: batch failed, resuming from the manifest", self.table_name)
                 self.metrics.errors.add(1, {**self.labels, "kind": type(exc).__name__})
-                self._batch = None
-                if not self._stop.wait(self.config.retry_s) and self.lease.valid():
+                self._drop()
+                if not self._stopping.wait(self.config.retry_s) and self.lease.valid():
                     self._resume(source)
+
+    def _drop(self) -> None:
+        """Forget the batch being accumulated and wait out a commit in flight (its outcome no longer matters)."""
+        self._batch = None
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.exception()  # waits; a failure was or will be handled by resuming
+
+    def _await_commit(self) -> None:
+        """Wait for the commit in flight; re-raises its failure here, on the pipeline thread."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.result()
 
     def _resume(self, source: KafkaSource) -> None:
         """Drop anything staged and continue from what the table's current manifest records."""
-        self._batch = None
+        self._drop()
         table = self.conn.open_table(self.table_name)
         history = table.versions()
         created_ms = history[0]["timestamp_ms"] if history and history[0]["operation"] == "create" else None
@@ -136,7 +163,7 @@ class TablePipeline(threading.Thread):
         self.processor.reset(properties.get(SOURCES_PROPERTY, {}), created_ms)
         self.publisher.reset(properties)
         source.seek(self._next)
-        self.gauges.applied_offset = self._next
+        self.gauges.applied_offset = self.gauges.consumed_offset = self._next
         self._update_footprint()
         log.info("table %s: resuming at offset %d (fence %d)", self.table_name, self._next, self.lease.fence)
 
@@ -145,12 +172,16 @@ class TablePipeline(threading.Thread):
         wait = _POLL_S
         if batch is not None and batch.first_at is not None:
             wait = min(wait, max(0.0, batch.first_at + self.config.freshness_ms / 1000 - time.monotonic()))
+        if self._inflight is not None and self._inflight.done():
+            self._await_commit()  # surfaces a failed commit before more is staged on top of it
         for record in source.poll(wait):
-            if not self.lease.valid() or self._stop.is_set():
+            if not self.lease.valid() or self._stopping.is_set():
                 break  # anything not yet taken is re-read by whoever resumes from the manifest
             if self._batch is None:
                 assert self._table is not None
-                self._batch = Batch(self._table, self._next, self.publisher.precondition(self._next))
+                self._batch = Batch(
+                    self._table, self._next, self.publisher.precondition(self._next), ready=self._await_commit
+                )
             reason = self._batch.add(self.processor.process(record))
             self._next = self._batch.end
             if reason is not None:
@@ -167,14 +198,20 @@ class TablePipeline(threading.Thread):
         ):
             self._commit()
         self.gauges.end_offset = source.end_offset()
+        self.gauges.consumed_offset = self._next
 
     def _commit(self) -> None:
+        """Hand the batch to the publisher thread (after the commit before it) and start a new one."""
         batch = self._batch
         assert batch is not None
-        started = time.perf_counter()
-        self.publisher.commit(batch, self.processor.high_water)
-        self.metrics.commit_seconds.record(time.perf_counter() - started, self.labels)
+        self._await_commit()
         self._batch = None
+        self._inflight = self._committer.submit(self._publish, batch, self.processor.high_water)
+
+    def _publish(self, batch: Batch, sources: dict[str, list[int]]) -> None:
+        started = time.perf_counter()
+        self.publisher.commit(batch, sources)
+        self.metrics.commit_seconds.record(time.perf_counter() - started, self.labels)
         self.metrics.commits.add(1, self.labels)
         self.metrics.rows_applied.add(batch.rows, self.labels)
         self.metrics.events_applied.add(batch.events, self.labels)
