@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 import threading
 import uuid
@@ -168,8 +169,16 @@ class Connection:
             table.append(data)
         return table
 
-    def open_table(self, name: str, version: int | None = None, *, consistency: str | None = None) -> Supertable:
-        """Open a table at its latest version, or read-only at an earlier ``version``."""
+    def open_table(
+        self,
+        name: str,
+        version: int | None = None,
+        *,
+        as_of: datetime.datetime | int | float | None = None,
+        consistency: str | None = None,
+    ) -> Supertable:
+        """Open a table at its latest version, or read-only at an earlier ``version`` or at the version
+        that was current at ``as_of`` (a datetime, naive meaning UTC, or epoch milliseconds)."""
         _check_name(name)
         files = self._table_files(name)
         try:
@@ -178,7 +187,9 @@ class Connection:
             raise TableNotFoundError(f"table {name!r} does not exist") from None
         manifest = files.manifests.load_list(pointer.manifest)
         table = Supertable(name, files, Snapshot(files, pointer.manifest, manifest), consistency=consistency)
-        return table if version is None else table.checkout(version)
+        if version is None and as_of is None:
+            return table
+        return table.checkout(version, as_of=as_of)
 
     def drop_table(self, name: str) -> None:
         """Remove a table: it disappears atomically (pointer first), then its files are deleted."""

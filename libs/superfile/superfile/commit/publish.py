@@ -29,7 +29,7 @@ from superfile.manifest.model import (
 from superfile.manifest.store import ManifestStore, backoff
 from superfile.manifest.summary import part_ref
 
-__all__ = ["Change", "Deletion", "StaleSuperfileError", "apply_change", "publish"]
+__all__ = ["Change", "Deletion", "StaleSuperfileError", "apply_change", "publish", "publish_with"]
 
 
 class StaleSuperfileError(ContentionError):
@@ -55,13 +55,26 @@ class Change:
     properties: dict[str, Any] = field(default_factory=dict)
     # Runs against the manifest being built on; may raise to abort (e.g. an idempotency check).
     precondition: Callable[[ManifestList], None] | None = None
+    # Superfiles this change replaces (optimize), by path, as the change read them.
+    removed: dict[str, SuperfileEntry] = field(default_factory=dict)
+    # Maps rows newly deleted (concurrently) from a removed superfile to deletions of added superfiles,
+    # so a delete that raced the rewrite still applies; without it such a race is a StaleSuperfileError.
+    carry: Callable[[SuperfileEntry, pyroaring.BitMap], dict[str, pyroaring.BitMap]] | None = None
+    # Properties computed against the manifest being built on, on every attempt; may raise to abort.
+    derive_properties: Callable[[ManifestList], dict[str, Any]] | None = None
 
     @property
     def rows_added(self) -> int:
-        return sum(e.rows for e in self.added)
+        """Rows the change adds to the table's content (a rewrite that keeps the content adds none)."""
+        return sum(e.rows for e in self.added) - sum(e.live_rows for e in self.removed.values())
 
     def is_empty(self) -> bool:
-        return not self.added and not any(len(d.rows) for d in self.deletions.values()) and not self.properties
+        return (
+            not self.added
+            and not self.removed
+            and not any(len(d.rows) for d in self.deletions.values())
+            and not self.properties
+        )
 
 
 def _with_deletes(
@@ -73,6 +86,24 @@ def _with_deletes(
     if not newly:
         return entry, 0
     return replace(entry, deletes=DeletionRef(store.write_deletes(merged), len(merged))), newly
+
+
+def _carry(
+    read: SuperfileEntry,
+    now: SuperfileEntry,
+    change: Change,
+    store: ManifestStore,
+    carried: dict[str, pyroaring.BitMap],
+) -> None:
+    """Deletes that landed on a removed superfile after the change read it, moved onto the added superfiles."""
+    if read.deletes == now.deletes:
+        return
+    before = store.load_deletes(read.deletes.path) if read.deletes else pyroaring.FrozenBitMap()
+    after = store.load_deletes(now.deletes.path) if now.deletes else pyroaring.FrozenBitMap()
+    if change.carry is None or not before.issubset(after):  # no mapping, or rows came back (a restore)
+        raise StaleSuperfileError(f"superfile {read.path!r} this change replaces was changed by a concurrent commit")
+    for path, rows in change.carry(read, pyroaring.BitMap(after - before)).items():
+        carried.setdefault(path, pyroaring.BitMap()).update(rows)
 
 
 def _may_hold(ref: PartRef, entry: SuperfileEntry) -> bool:
@@ -90,33 +121,47 @@ def _part(store: ManifestStore, ml: ManifestList, partition: str | None, entries
 def apply_change(current: ManifestList, current_path: str, change: Change, store: ManifestStore) -> ManifestList:
     """The successor of ``current`` with ``change`` applied; writes new parts and deletion vectors."""
     version = current.version + 1
+    derived = change.derive_properties(current) if change.derive_properties is not None else {}
     added = [replace(e, added_version=version) for e in change.added]
     rows_deleted = 0
     pending = {p: d for p, d in change.deletions.items() if len(d.rows)}
-    for i, e in enumerate(added):  # deletes of rows this same change adds
-        if e.path in pending:
-            added[i], n = _with_deletes(e, pending.pop(e.path).rows, store)
-            rows_deleted += n
+    own = {e.path: pending.pop(e.path).rows for e in added if e.path in pending}  # deletes of rows it adds
+    removed = dict(change.removed)
+    carried: dict[str, pyroaring.BitMap] = {}
 
-    parts = list(current.parts)
-    if pending:
-        for idx, ref in enumerate(parts):
-            if not any(_may_hold(ref, d.entry) for d in pending.values()):
+    slots: list[PartRef | None] = list(current.parts)
+    if pending or removed:
+        for idx, ref in enumerate(current.parts):
+            touched = [d.entry for d in pending.values()] + list(removed.values())
+            if not any(_may_hold(ref, e) for e in touched):
                 continue
             entries = store.load_part(ref, current.schema)
-            if not any(e.path in pending for e in entries):
+            if not any(e.path in pending or e.path in removed for e in entries):
                 continue
             rewritten = []
             for e in entries:
+                if e.path in removed:
+                    _carry(removed.pop(e.path), e, change, store, carried)
+                    continue
                 if e.path in pending:
                     e, n = _with_deletes(e, pending.pop(e.path).rows, store)
                     rows_deleted += n
                 rewritten.append(e)
-            parts[idx] = replace(_part(store, current, ref.partition, rewritten), sealed=ref.sealed)
-        if pending:
+            if rewritten:
+                slots[idx] = replace(_part(store, current, ref.partition, rewritten), sealed=ref.sealed)
+            else:
+                slots[idx] = None  # every superfile of the part was replaced
+        if pending or removed:
             raise StaleSuperfileError(
-                f"{len(pending)} superfile(s) this change deletes from were removed by a concurrent commit"
+                f"{len(pending) + len(removed)} superfile(s) this change deletes from or replaces were removed "
+                "by a concurrent commit"
             )
+    for i, e in enumerate(added):
+        if e.path in own or e.path in carried:
+            mine = own.get(e.path, pyroaring.BitMap())
+            rows_deleted += len(mine)  # carried deletes were counted by the commit that made them
+            added[i], _ = _with_deletes(e, pyroaring.BitMap(mine) | carried.get(e.path, pyroaring.BitMap()), store)
+    parts = [p for p in slots if p is not None]
 
     by_partition: dict[str | None, list[SuperfileEntry]] = defaultdict(list)
     for e in added:
@@ -149,7 +194,7 @@ def apply_change(current: ManifestList, current_path: str, change: Change, store
         options=current.options,
         parts=tuple(parts),
         history=(*current.history, entry),
-        properties={**current.properties, **change.properties},
+        properties={**current.properties, **change.properties, **derived},
     )
 
 
@@ -158,15 +203,32 @@ def publish(
 ) -> tuple[str, ManifestList]:
     """Commit ``change``; returns the new manifest's path and the manifest. Raises ContentionError when
     every attempt lost the race."""
+
+    def successor(current: ManifestList, current_path: str) -> ManifestList:
+        if change.precondition is not None:
+            change.precondition(current)
+        return apply_change(current, current_path, change, store)
+
+    return publish_with(store, change.table_uuid, successor, max_attempts=max_attempts, base=base)
+
+
+def publish_with(
+    store: ManifestStore,
+    table_uuid: str,
+    successor: Callable[[ManifestList, str], ManifestList],
+    *,
+    max_attempts: int,
+    base: tuple[Pointer, str] | None = None,
+) -> tuple[str, ManifestList]:
+    """The guarded commit: ``successor(current, current_path)`` (which writes what it references) becomes
+    the next version if the pointer still names ``current``; otherwise it is rebuilt on the newer one."""
     for attempt in range(max_attempts):
         pointer, etag = base if base is not None else store.read_pointer()
         base = None
-        if pointer.table_uuid != change.table_uuid:
+        if pointer.table_uuid != table_uuid:
             raise TableNotFoundError("the table was dropped and re-created while this change was staged")
         current = store.load_list(pointer.manifest)
-        if change.precondition is not None:
-            change.precondition(current)
-        ml = apply_change(current, pointer.manifest, change, store)
+        ml = successor(current, pointer.manifest)
         path = ml.history[-1].manifest
         store.write_list(ml, path)
         try:

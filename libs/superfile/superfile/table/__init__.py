@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import threading
 import time
@@ -10,10 +11,22 @@ from typing import Any
 
 import pyarrow as pa
 
-from superfile.errors import ReadOnlyTableError, UnknownColumnError, VersionNotFoundError
+from superfile.commit.publish import StaleSuperfileError
+from superfile.errors import (
+    InvalidOptionError,
+    ObjectNotFoundError,
+    ReadOnlyTableError,
+    UnknownColumnError,
+    VersionNotFoundError,
+)
 from superfile.expressions import parse_predicate
 from superfile.manifest.model import HistoryEntry, ManifestList, Pointer
+from superfile.manifest.store import backoff
 from superfile.options import TableOptions
+from superfile.table import changes as _changes
+from superfile.table import cleanup as _cleanup
+from superfile.table import history as _history
+from superfile.table import optimize as _optimize
 from superfile.table.search import Searcher
 from superfile.table.snapshot import Snapshot, TableFiles
 from superfile.table.writer import Transaction
@@ -94,20 +107,42 @@ class Supertable:
             if manifest.version > self._snapshot.version:
                 self._snapshot = Snapshot(self._files, path, manifest)
 
-    def checkout(self, version: int) -> Supertable:
-        """A read-only handle on an earlier version (while it is retained)."""
-        entry = self._history_entry(version)
-        manifest = self._files.manifests.load_list(entry.manifest)
+    def checkout(
+        self, version: int | None = None, *, as_of: datetime.datetime | int | float | None = None
+    ) -> Supertable:
+        """A read-only handle on an earlier version (while it is retained), or on the version that was
+        current at ``as_of`` (a datetime, naive meaning UTC, or epoch milliseconds)."""
+        if (version is None) == (as_of is None):
+            raise InvalidOptionError("give exactly one of version and as_of")
+        entry = self._history_entry(version) if version is not None else self._entry_as_of(as_of)
+        try:
+            manifest = self._files.manifests.load_list(entry.manifest)
+        except ObjectNotFoundError:
+            raise VersionNotFoundError(f"table {self.name!r} version {entry.version} is no longer retained") from None
         return Supertable(self.name, self._files, Snapshot(self._files, entry.manifest, manifest), pinned=True)
 
+    def _retained_history(self) -> tuple[HistoryEntry, ...]:
+        oldest = _history.oldest_retained(self._files.storage)
+        return tuple(h for h in self._refresh_for_history().manifest.history if h.version >= oldest)
+
     def _history_entry(self, version: int) -> HistoryEntry:
-        history = self._refresh_for_history().manifest.history
+        history = self._retained_history()
         for h in history:
             if h.version == version:
                 return h
         raise VersionNotFoundError(
-            f"table {self.name!r} has no version {version} (versions {history[0].version}..{history[-1].version})"
+            f"table {self.name!r} has no retained version {version} "
+            f"(versions {history[0].version}..{history[-1].version})"
         )
+
+    def _entry_as_of(self, as_of: datetime.datetime | int | float | None) -> HistoryEntry:
+        assert as_of is not None
+        ms = _history.to_ms(as_of)
+        history = self._retained_history()
+        earlier = [h for h in history if h.timestamp_ms <= ms]
+        if not earlier:  # before the table existed, or before the oldest retained version
+            raise VersionNotFoundError(f"table {self.name!r} has no retained version as of {as_of!r}")
+        return earlier[-1]
 
     def _refresh_for_history(self) -> Snapshot:
         return self._snapshot if self._pinned else self._refresh()
@@ -157,7 +192,7 @@ class Supertable:
                 "rows_deleted": h.rows_deleted,
                 "row_count": h.row_count,
             }
-            for h in self._refresh_for_history().manifest.history
+            for h in self._retained_history()
         ]
 
     # -- reads --------------------------------------------------------------------
@@ -228,26 +263,63 @@ class Supertable:
         ``precondition`` runs against the manifest the commit builds on and may raise to abort it."""
         return Transaction(self, precondition)
 
-    def append(self, data: Any) -> int:
-        """Add rows; returns the new version (the current one if ``data`` is empty)."""
+    def append(self, data: Any, *, idempotency_key: str | None = None) -> int:
+        """Add rows; returns the new version (the current one if ``data`` is empty). A repeated
+        ``idempotency_key`` adds nothing and returns the version that committed it first."""
         with self.transaction() as tx:
-            tx.append(data)
+            tx.append(data, idempotency_key=idempotency_key)
         assert tx.commit_version is not None
         return tx.commit_version
+
+    def _rebasing(self, stage: Callable[[Transaction], object]) -> int:
+        """Commit one staged write; if a concurrent optimize replaced superfiles it deletes from, stage it
+        again on the newer snapshot (the predicate is re-resolved there) instead of failing."""
+        attempts = self._snapshot.manifest.options.commit_max_attempts
+        for attempt in range(attempts):
+            tx = self.transaction()
+            stage(tx)
+            try:
+                return tx.commit()
+            except StaleSuperfileError:
+                if attempt == attempts - 1:
+                    raise
+                backoff(attempt)
+        raise AssertionError("unreachable")
 
     def delete(self, where: str) -> int:
         """Delete every row matching the SQL predicate; returns the new version."""
-        with self.transaction() as tx:
-            tx.delete(where)
-        assert tx.commit_version is not None
-        return tx.commit_version
+        return self._rebasing(lambda tx: tx.delete(where))
 
     def update(self, where: str, data: Any) -> int:
         """Replace the rows matching ``where`` 1:1 (in ``_id`` order) by ``data``, keeping their ``_id``."""
-        with self.transaction() as tx:
-            tx.update(where, data)
-        assert tx.commit_version is not None
-        return tx.commit_version
+        return self._rebasing(lambda tx: tx.update(where, data))
+
+    # -- maintenance and history ------------------------------------------------------
+    def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]:
+        """Compact: merge small superfiles per partition into ones of about ``target_rows`` rows (default
+        ``max_rows_per_superfile``; or sized from ``target_bytes``) and drop deleted rows. Safe to run
+        while others write. Returns counts and the version published."""
+        return _optimize.optimize(self, target_rows, target_bytes)
+
+    def cleanup(
+        self, older_than: datetime.timedelta | float = _cleanup.DEFAULT_RETENTION, *, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Delete files no version of the last ``older_than`` (a timedelta or seconds) needs; returns
+        files and bytes removed. Versions older than the window can no longer be opened."""
+        return _cleanup.cleanup(self, older_than, dry_run=dry_run)
+
+    def restore(self, version: int) -> int:
+        """Publish a retained version's contents as the newest version; returns the new version."""
+        return _history.restore(self, version)
+
+    def changes(
+        self, from_version: int, to_version: int | None = None, *, columns: list[str] | None = None
+    ) -> pa.Table:
+        """Rows inserted and deleted between two retained versions (default to: the current one), with
+        ``_change`` ("insert"/"delete") and ``_id``; an update shows as both. See ``table/changes.py``."""
+        old = self.checkout(from_version)._snapshot
+        new = self.checkout(to_version)._snapshot if to_version is not None else self._refresh_for_history()
+        return _changes.changes(old, new, columns)
 
     def __repr__(self) -> str:
         return f"Supertable({self.name!r}, version={self._snapshot.version})"

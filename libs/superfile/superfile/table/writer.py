@@ -19,6 +19,8 @@ from superfile.expressions import Predicate, parse_predicate
 from superfile.manifest.model import ManifestList, SuperfileEntry
 from superfile.pools import build_pool
 from superfile.schema import ID, coerce
+from superfile.table.idempotency import PROPERTY as KEYS_PROPERTY
+from superfile.table.idempotency import AlreadyCommitted, check_key, committed_version, record
 
 if TYPE_CHECKING:
     from superfile.table import Supertable
@@ -45,13 +47,24 @@ class Transaction:
         self._deletions: dict[str, Deletion] = {}
         self._operations: list[str] = []
         self._properties: dict[str, Any] = {}
+        self._keys: list[str] = []  # idempotency keys this commit records
+        self._duplicate: int | None = None  # version that already committed one of the keys
         self._done = False
         self.commit_version: int | None = None  # set by commit()
 
     # -- staging ----------------------------------------------------------------
-    def append(self, data: Any) -> int:
-        """Stage rows; returns how many."""
+    def append(self, data: Any, idempotency_key: str | None = None) -> int:
+        """Stage rows; returns how many. With ``idempotency_key``, the commit records the key, and if an
+        earlier commit already did, this whole transaction is a no-op whose ``commit()`` returns that
+        commit's version (see ``table/idempotency.py`` for the retention)."""
         self._check_open()
+        if idempotency_key is not None:
+            key = check_key(idempotency_key)
+            done = committed_version(self._table._files.storage, self._base.manifest.properties, [key])
+            if done is not None:
+                self._duplicate = max(self._duplicate or 0, done)
+                return 0
+            self._keys.append(key)
         rows = coerce(data, self._schema, self._options)
         if rows.num_rows:
             self._stage(
@@ -92,6 +105,9 @@ class Transaction:
         """Publish everything staged as one new version; returns the version."""
         self._check_open()
         self._done = True
+        if self._duplicate is not None:
+            self.commit_version = self._duplicate
+            return self._duplicate
         self._flush()
         ops = set(self._operations)
         change = Change(
@@ -101,14 +117,19 @@ class Transaction:
             deletions=self._deletions,
             properties=self._properties,
             precondition=self._precondition,
+            derive_properties=self._record_keys if self._keys else None,
         )
         if change.is_empty():
             self.commit_version = self._base.version
             return self.commit_version
         files = self._table._files
-        path, manifest = publish(
-            files.manifests, change, max_attempts=self._options.commit_max_attempts, base=self._base_pointer
-        )
+        try:
+            path, manifest = publish(
+                files.manifests, change, max_attempts=self._options.commit_max_attempts, base=self._base_pointer
+            )
+        except AlreadyCommitted as done:  # a concurrent commit with the same key won
+            self.commit_version = done.version
+            return done.version
         self._table._published(path, manifest)
         self.commit_version = manifest.version
         return manifest.version
@@ -129,6 +150,14 @@ class Transaction:
             self.abort()
 
     # -- internals ------------------------------------------------------------------
+    def _record_keys(self, current: ManifestList) -> dict[str, Any]:
+        """Run by publish against the manifest it builds on: no-op if a key is there, else record them."""
+        storage = self._table._files.storage
+        done = committed_version(storage, current.properties, self._keys)
+        if done is not None:
+            raise AlreadyCommitted(done)
+        return {KEYS_PROPERTY: record(storage, current.properties, self._keys, current.version + 1)}
+
     def _check_open(self) -> None:
         if self._done:
             raise SuperfileError("this transaction is already committed or aborted")

@@ -1,0 +1,139 @@
+"""Garbage collection: delete the files no retained version needs.
+
+Retained versions: every version committed inside the window
+(``older_than`` before now), the version that was current when the window
+opened (a reader may have opened it then), and always the current one. A
+file is deleted only if no retained version references it (manifest lists,
+manifest parts, superfiles, deletion vectors, idempotency key blocks) *and*
+it is older than the window itself: an in-flight commit's files are
+unreferenced until it publishes, and are young, so they stay.
+
+Commits that publish while cleanup runs build on the current version, whose
+files are marked; cleanup re-reads the pointer after listing and marks any
+newer version before deleting. (A ``restore`` to a version about to leave the
+window can race a cleanup: restore versions well inside it.)
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from superfile.errors import InvalidOptionError, ObjectNotFoundError
+from superfile.io import ObjectInfo
+from superfile.manifest.model import HistoryEntry, ManifestList
+from superfile.pools import query_pool
+from superfile.table.history import oldest_retained, set_oldest_retained
+from superfile.table.idempotency import PREFIX as KEYS_PREFIX
+from superfile.table.idempotency import block_paths
+
+if TYPE_CHECKING:
+    from superfile.table import Supertable
+
+__all__ = ["DEFAULT_RETENTION", "cleanup", "retained_versions"]
+
+DEFAULT_RETENTION = datetime.timedelta(days=7)
+
+# listing prefix -> kind reported; the first matching prefix wins
+_KINDS = (
+    ("_manifests/parts/", "manifest_parts"),
+    ("_manifests/", "manifests"),
+    ("data/", "superfiles"),
+    ("_deletions/", "deletion_vectors"),
+    (KEYS_PREFIX, "idempotency_blocks"),
+)
+
+
+def _seconds(older_than: datetime.timedelta | float | int) -> float:
+    seconds = older_than.total_seconds() if isinstance(older_than, datetime.timedelta) else older_than
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0:
+        raise InvalidOptionError(f"older_than must be a non-negative timedelta or seconds, got {older_than!r}")
+    return float(seconds)
+
+
+def retained_versions(history: tuple[HistoryEntry, ...], cutoff_ms: int, oldest: int) -> list[HistoryEntry]:
+    """Versions committed at or after the cutoff, plus the one current at the cutoff (and never below
+    ``oldest``, the versions an earlier cleanup already expired)."""
+    live = [h for h in history if h.version >= oldest]
+    inside = [h for h in live if h.timestamp_ms >= cutoff_ms]
+    before = [h for h in live if h.timestamp_ms < cutoff_ms]
+    return before[-1:] + inside
+
+
+class _Marker:
+    """The set of paths reachable from the versions marked so far; each manifest part is read once."""
+
+    def __init__(self, table: Supertable) -> None:
+        self.store = table._files.manifests
+        self.paths: set[str] = set()
+
+    def version(self, h: HistoryEntry) -> None:
+        if h.manifest in self.paths:
+            return
+        try:
+            ml = self.store.load_list(h.manifest)
+        except ObjectNotFoundError:
+            return  # expired by a concurrent cleanup
+        self.manifest(h.manifest, ml)
+
+    def manifest(self, path: str, ml: ManifestList) -> None:
+        self.paths.add(path)
+        self.paths.update(block_paths(ml.properties))
+        fresh = [p for p in ml.parts if p.path not in self.paths]
+        self.paths.update(p.path for p in fresh)
+        for entries in query_pool().map(lambda p: self.store.load_part(p, ml.schema), fresh):
+            for e in entries:
+                self.paths.add(e.path)
+                if e.deletes is not None:
+                    self.paths.add(e.deletes.path)
+
+
+def _kind(path: str) -> str | None:
+    return next((kind for prefix, kind in _KINDS if path.startswith(prefix)), None)
+
+
+def cleanup(
+    table: Supertable, older_than: datetime.timedelta | float | int = DEFAULT_RETENTION, *, dry_run: bool = False
+) -> dict[str, Any]:
+    """Delete unreachable files older than the window (see the module docstring); returns counts and bytes."""
+    window = _seconds(older_than)
+    storage = table._files.storage
+    store = table._files.manifests
+    cutoff_ms = int((time.time() - window) * 1000)
+    pointer, _ = store.read_pointer()
+    current = store.load_list(pointer.manifest)
+    oldest = oldest_retained(storage)
+    retained = retained_versions(current.history, cutoff_ms, oldest)
+    marker = _Marker(table)
+    for h in retained:
+        marker.version(h)
+    listed: list[ObjectInfo] = [
+        info for prefix, _ in _KINDS[1:] for info in storage.list(prefix) if _kind(info.path) is not None
+    ]
+    seen = current.version
+    while True:  # mark versions committed while we listed
+        pointer, _ = store.read_pointer()
+        if pointer.version <= seen:
+            break
+        newer = store.load_list(pointer.manifest)
+        for h in newer.history:
+            if h.version > seen:
+                marker.version(h)
+        seen = newer.version
+    doomed = [i for i in listed if i.path not in marker.paths and i.mtime * 1000 < cutoff_ms]
+    removed = {kind: 0 for _, kind in _KINDS}
+    for info in doomed:
+        removed[_kind(info.path) or ""] += 1
+    if not dry_run:
+        set_oldest_retained(storage, retained[0].version)
+        list(query_pool().map(lambda info: storage.delete(info.path), doomed))
+    return {
+        "oldest_version": retained[0].version,
+        "retained_versions": len(retained),
+        "files_removed": len(doomed),
+        "bytes_removed": sum(i.size for i in doomed),
+        "removed": removed,
+        "dry_run": dry_run,
+    }

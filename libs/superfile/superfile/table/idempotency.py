@@ -1,0 +1,102 @@
+"""Idempotency keys: an append tagged with a key commits at most once, across processes.
+
+Like the index object of seed 004 (a tree of inserted source objects
+referenced from the table's root), the committed keys live in immutable
+*key blocks* referenced from the manifest, not inline in it: the manifest
+property ``idempotency_keys`` is a short list of ``[path, count]`` block
+references, oldest first. Each block maps up to ``BLOCK_KEYS`` keys to the
+version that committed them. A commit with keys rewrites only the newest
+(open) block, or starts a new one when it is full.
+
+Retention: the newest ``MAX_BLOCKS`` blocks are kept, i.e. at least
+``(MAX_BLOCKS - 1) * BLOCK_KEYS`` (99,000) of the most recent keys are
+remembered; a key older than that may commit again. Blocks dropped from the
+reference list are ordinary garbage for ``cleanup()``.
+
+The check runs in the commit itself, against the manifest each publish
+attempt builds on: of two writers racing with one key, the loser's retry sees
+the winner's key and becomes a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from superfile._lru import LRU
+from superfile.errors import InvalidInputError, SuperfileError
+from superfile.io import Storage
+
+__all__ = [
+    "BLOCK_KEYS",
+    "MAX_BLOCKS",
+    "PREFIX",
+    "PROPERTY",
+    "AlreadyCommitted",
+    "block_paths",
+    "check_key",
+    "committed_version",
+    "record",
+]
+
+PROPERTY = "idempotency_keys"
+PREFIX = "_idempotency/"
+BLOCK_KEYS = 1000
+MAX_BLOCKS = 100
+MAX_KEY_LENGTH = 256
+
+_blocks = LRU(256)  # immutable objects named by uuid: safe to share between tables and handles
+
+
+class AlreadyCommitted(SuperfileError):
+    """Raised inside a commit whose idempotency key an earlier commit already recorded."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"already committed at version {version}")
+        self.version = version
+
+
+def check_key(key: object) -> str:
+    """A key is a non-empty string of at most 256 characters."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise InvalidInputError(f"idempotency_key must be a non-empty string of at most {MAX_KEY_LENGTH} characters")
+    return key
+
+
+def block_paths(properties: Mapping[str, Any]) -> list[str]:
+    """Paths of the key blocks a manifest references (for cleanup)."""
+    return [path for path, _ in properties.get(PROPERTY, [])]
+
+
+def _load(storage: Storage, path: str) -> dict[str, int]:
+    keys, _ = _blocks.get_or_load(f"{storage.uri}#{path}", lambda: dict(json.loads(storage.read(path))["keys"]))
+    return keys
+
+
+def committed_version(storage: Storage, properties: Mapping[str, Any], keys: Iterable[str]) -> int | None:
+    """The version that committed any of ``keys`` (the newest, if several did), or None."""
+    wanted = set(keys)
+    if not wanted:
+        return None
+    found = [
+        version
+        for path in reversed(block_paths(properties))
+        for key, version in _load(storage, path).items()
+        if key in wanted
+    ]
+    return max(found) if found else None
+
+
+def record(storage: Storage, properties: Mapping[str, Any], keys: Iterable[str], version: int) -> list[list[Any]]:
+    """The new ``idempotency_keys`` property with ``keys`` committed at ``version`` (writes one block)."""
+    refs = [list(ref) for ref in properties.get(PROPERTY, [])]
+    new = dict.fromkeys(keys, version)
+    # the open block grows until full; then a new block starts
+    block = {**_load(storage, refs.pop()[0]), **new} if refs and refs[-1][1] + len(new) <= BLOCK_KEYS else new
+    path = f"{PREFIX}{uuid.uuid4().hex}.json"
+    storage.write_if_absent(path, json.dumps({"keys": block}, separators=(",", ":")).encode())
+    _blocks.get_or_load(f"{storage.uri}#{path}", lambda: block)
+    refs.append([path, len(block)])
+    return refs[-MAX_BLOCKS:]

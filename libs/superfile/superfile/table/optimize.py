@@ -1,0 +1,189 @@
+"""Compaction: merge small superfiles of a partition into target-size ones and materialize deletion vectors.
+
+The rewrite reads the live rows of the chosen superfiles from one snapshot,
+builds new superfiles (rows keep their ``_id``), and publishes them with the
+same guarded commit as every write (operation ``optimize``): the change
+removes the inputs and adds the outputs. Appends that land meanwhile are
+untouched. A delete that lands on an input after it was read is not lost: on
+the publish attempt that sees it, the newly deleted offsets are mapped
+through ``_id`` to offsets of the new superfiles and carried as their
+deletion vector. Only a concurrent rewrite of the same inputs (another
+optimize, a restore) makes the publish fail; then the compaction is redone
+from the newer snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyroaring
+
+from superfile.commit.build import build_shards
+from superfile.commit.publish import Change, StaleSuperfileError, publish
+from superfile.commit.shard import Shard
+from superfile.errors import InvalidOptionError
+from superfile.manifest.model import SuperfileEntry
+from superfile.manifest.store import backoff
+from superfile.pools import build_pool
+from superfile.schema import ID
+from superfile.table.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from superfile.table import Supertable
+
+__all__ = ["optimize"]
+
+_ATTEMPTS = 5
+
+
+def _positive(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def all_entries(snap: Snapshot) -> list[SuperfileEntry]:
+    """Every superfile of the snapshot, fully deleted ones included (``Snapshot.entries`` skips those)."""
+    parts = snap.map(lambda p: snap.files.manifests.load_part(p, snap.schema), list(snap.manifest.parts))
+    return [e for entries in parts for e in entries]
+
+
+def _target_rows(entries: list[SuperfileEntry], snap: Snapshot, rows: int | None, nbytes: int | None) -> int:
+    if rows is not None and nbytes is not None:
+        raise InvalidOptionError("give target_rows or target_bytes, not both")
+    if rows is not None:
+        return _positive("target_rows", rows)
+    if nbytes is not None:
+        _positive("target_bytes", nbytes)
+        total_rows = sum(e.rows for e in entries)
+        per_row = sum(e.size for e in entries) / total_rows if total_rows else 1.0
+        return max(1, int(nbytes / per_row))
+    return snap.manifest.options.max_rows_per_superfile
+
+
+def _plan(entries: list[SuperfileEntry], target: int) -> dict[str | None, list[SuperfileEntry]]:
+    """Per partition, the superfiles worth rewriting: the small ones (if merging reduces their number)
+    and every one with deleted rows."""
+    by_partition: dict[str | None, list[SuperfileEntry]] = defaultdict(list)
+    for e in entries:
+        if e.deletes is not None or e.live_rows < target:
+            by_partition[e.partition].append(e)
+    plan = {}
+    for partition, chosen in by_partition.items():
+        outputs = math.ceil(sum(e.live_rows for e in chosen) / target)
+        if len(chosen) > outputs or any(e.deletes is not None for e in chosen):
+            plan[partition] = sorted(chosen, key=lambda e: (e.id_min, e.path))
+    return plan
+
+
+def _shards(snap: Snapshot, partition: str | None, chosen: list[SuperfileEntry], target: int) -> Iterator[Shard]:
+    """Balanced shards (ceil(rows / target) of them) streamed from the inputs, each sorted by ``_id``."""
+    total = sum(e.live_rows for e in chosen)
+    if not total:
+        return
+    n = math.ceil(total / target)
+    sizes = [round((i + 1) * total / n) - round(i * total / n) for i in range(n)]
+    columns = list(snap.schema.names)
+    buffered: list[pa.Table] = []
+    have = 0
+    for e in chosen:
+        offsets = snap.live_offsets(e)
+        if len(offsets):
+            buffered.append(snap.read_rows(e, offsets, columns))
+            have += len(offsets)
+        while sizes and have >= sizes[0]:
+            rows = pa.concat_tables(buffered).combine_chunks()
+            cut = sizes.pop(0)
+            yield Shard(partition, rows.slice(0, cut).sort_by(ID))
+            buffered, have = [rows.slice(cut)], rows.num_rows - cut
+
+
+class _Rewrite:
+    """One compaction's outputs, and how to move rows deleted from its inputs onto them."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.added: list[SuperfileEntry] = []
+        self._ids: list[np.ndarray] = []  # sorted _ids of each added superfile
+        self._carried: dict[str, int] = {}  # per input: rows carried on the latest publish attempt
+
+    @property
+    def carried(self) -> int:
+        return sum(self._carried.values())
+
+    def add(self, shards: list[Shard]) -> None:
+        if not shards:
+            return
+        self.added.extend(build_shards(shards, self.snap.manifest.options, self.snap.files.storage))
+        self._ids.extend(np.asarray(s.rows.column(ID).to_numpy(), np.uint64) for s in shards)
+
+    def carry(self, read: SuperfileEntry, newly: pyroaring.BitMap) -> dict[str, pyroaring.BitMap]:
+        ids = self.snap.ids(read, np.fromiter(newly, np.int64, len(newly)))
+        out: dict[str, pyroaring.BitMap] = {}
+        self._carried[read.path] = 0
+        for entry, file_ids in zip(self.added, self._ids, strict=True):
+            here = ids[(ids >= entry.id_min) & (ids <= entry.id_max)]
+            if not len(here):
+                continue
+            pos = np.searchsorted(file_ids, here)
+            pos = pos[(pos < len(file_ids)) & (file_ids[np.minimum(pos, len(file_ids) - 1)] == here)]
+            if len(pos):
+                out[entry.path] = pyroaring.BitMap(pos.astype(np.uint32).tolist())
+                self._carried[read.path] += len(pos)
+        return out
+
+
+def _once(table: Supertable, target_rows: int | None, target_bytes: int | None) -> dict[str, Any]:
+    snap, pointer = table._writable_snapshot()
+    entries = all_entries(snap)
+    target = _target_rows(entries, snap, target_rows, target_bytes)
+    plan = _plan(entries, target)
+    rewrite = _Rewrite(snap)
+    batch: list[Shard] = []
+    workers = build_pool()._max_workers
+    for partition, chosen in plan.items():
+        for s in _shards(snap, partition, chosen, target):
+            batch.append(s)
+            if len(batch) >= workers:
+                rewrite.add(batch)
+                batch = []
+    rewrite.add(batch)
+    removed = {e.path: e for chosen in plan.values() for e in chosen}
+    result = {
+        "version": snap.version,
+        "target_rows": target,
+        "superfiles_removed": len(removed),
+        "superfiles_added": len(rewrite.added),
+        "rows_rewritten": sum(e.rows for e in rewrite.added),
+        "deletes_carried": 0,
+    }
+    if not removed:
+        return result
+    change = Change(
+        table_uuid=snap.manifest.table_uuid,
+        operation="optimize",
+        added=rewrite.added,
+        removed=removed,
+        carry=rewrite.carry,
+    )
+    attempts = snap.manifest.options.commit_max_attempts
+    path, manifest = publish(table._files.manifests, change, max_attempts=attempts, base=pointer)
+    table._published(path, manifest)
+    return {**result, "version": manifest.version, "deletes_carried": rewrite.carried}
+
+
+def optimize(table: Supertable, target_rows: int | None = None, target_bytes: int | None = None) -> dict[str, Any]:
+    """Compact ``table`` (see the module docstring); returns what was done and the version it published."""
+    for attempt in range(_ATTEMPTS):
+        try:
+            return _once(table, target_rows, target_bytes)
+        except StaleSuperfileError:  # a concurrent rewrite replaced our inputs: redo on the newer snapshot
+            if attempt == _ATTEMPTS - 1:
+                raise
+            backoff(attempt, base=0.05)
+    raise AssertionError("unreachable")
