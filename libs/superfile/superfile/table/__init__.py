@@ -26,6 +26,7 @@ from superfile.options import TableOptions
 from superfile.table import changes as _changes
 from superfile.table import cleanup as _cleanup
 from superfile.table import history as _history
+from superfile.table import idempotency as _idempotency
 from superfile.table import optimize as _optimize
 from superfile.table.search import Searcher
 from superfile.table.snapshot import Snapshot, TableFiles
@@ -164,6 +165,12 @@ class Supertable:
     def properties(self) -> dict[str, Any]:
         """Properties commits recorded (e.g. the event-log offsets a builder applied), as of the current snapshot."""
         return dict(self._current().manifest.properties)
+
+    def idempotency_version(self, idempotency_key: str) -> int | None:
+        """The version whose commit recorded this idempotency key (None if none retained does): lets a log
+        consumer skip one keyed event without making its whole transaction a no-op."""
+        key = _idempotency.check_key(idempotency_key)
+        return _idempotency.committed_version(self._files.storage, self._current().manifest.properties, [key])
 
     def stats(self) -> dict[str, Any]:
         """Snapshot facts from the manifest alone (no superfile bytes read), plus process memory."""
