@@ -13,7 +13,7 @@ from typing import Any
 
 from opentelemetry.metrics import Counter
 
-__all__ = ["Guard"]
+__all__ = ["Guard", "InFlight"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -22,18 +22,29 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+class InFlight:
+    """HTTP requests being handled now (only the event loop thread changes it: no lock)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class Guard:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, requests: Counter, errors: Counter) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, requests: Counter, errors: Counter, inflight: InFlight
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.requests = requests
         self.errors = errors
+        self.inflight = inflight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         status = 500
+        self.inflight.count += 1
 
         async def counted(message: Message) -> None:
             nonlocal status
@@ -54,6 +65,7 @@ class Guard:
                 receive = _replay(body, receive)
             await self.app(scope, receive, counted)
         finally:
+            self.inflight.count -= 1
             route = scope.get("route")
             self.requests.add(
                 1,
