@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -216,3 +217,19 @@ def test_sdk_results_equal_in_process(tmp_path: Path) -> None:
             )
         assert remote.bm25_search_prefix("title", "aero", k=10).equals(local.bm25_search_prefix("title", "aero"))
         assert remote.to_arrow(where="id < 50").equals(local.to_arrow(where="id < 50"))
+
+
+def test_concurrent_searches(server: BackgroundServer, engine: superfile.Connection, tables: list[str]) -> None:
+    """Overlapping searches (handed to the thread pool) answer exactly what a lone one (on the event loop) does."""
+    expected = {
+        q: engine.open_table("docs").bm25_search("title", q, k=5, projection=["key"]) for q in ("flow", "document 7")
+    }
+    with superfile.connect(server.url, api_key="reader-key") as db:
+        docs = db.open_table("docs")
+
+        def one(i: int) -> bool:
+            q = "flow" if i % 2 else "document 7"
+            return bool(docs.bm25_search("title", q, k=5, projection=["key"]).equals(expected[q]))
+
+        with ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(one, range(64)))
