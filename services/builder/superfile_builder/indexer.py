@@ -8,6 +8,13 @@ so it sees them, exactly as the log orders them. The engine builds superfiles
 as the transaction's buffer fills and at commit (sharding, indexes,
 summaries).
 
+An append carrying an ``idempotency_key`` (a caller's
+``append(..., idempotency_key=...)`` sent through the log) is skipped as a
+``duplicate`` when the table already recorded the key (or this batch staged
+it); otherwise it is staged with its key, which the commit records. The
+engine would make a whole transaction a no-op for one known key, so the check
+happens here, per event, after the commit in flight has landed.
+
 An event the engine rejects (schema mismatch, bad predicate, an update whose
 replacement rows do not match the row count) is skipped as ``rejected``: the
 engine validates before it stages anything, so the transaction is unchanged.
@@ -26,7 +33,7 @@ from superfile.manifest.model import ManifestList
 from superfile.schema import coerce
 from superfile.table import Supertable, Transaction
 
-from superfile_builder.processor import Processed
+from superfile_builder.processor import DUPLICATE, Processed
 
 __all__ = ["REJECTED", "Batch"]
 
@@ -49,7 +56,7 @@ class Batch:
         self.table = table
         self.start = start
         self._precondition = precondition
-        self._ready = ready  # called before a delete or update opens the transaction (the batch before must be in)
+        self._ready = ready  # called before the table is consulted (the batch before must be in it by then)
         self.end = start  # next offset to consume: the log_offsets this batch commits
         self.rows = 0  # rows staged by appends and updates
         self.nbytes = 0  # record bytes consumed
@@ -58,6 +65,7 @@ class Batch:
         self.skipped: dict[str, int] = {}
         self._tx: Transaction | None = None
         self._pending: list[pa.Table] = []
+        self.keys: set[str] = set()  # idempotency keys this batch's commit records
 
     @property
     def empty(self) -> bool:
@@ -81,8 +89,9 @@ class Batch:
         reason = processed.skipped
         if processed.event is not None:
             try:
-                self._apply(processed.event)
-                self.events += 1
+                reason = self._apply(processed.event)
+                if reason is None:
+                    self.events += 1
             except InvalidInputError as exc:
                 log.error("table %s: rejecting event at offset %d: %s", self.table.name, processed.offset, exc)
                 reason = REJECTED
@@ -90,22 +99,34 @@ class Batch:
             self.skipped[reason] = self.skipped.get(reason, 0) + 1
         return reason
 
-    def _apply(self, event: Event) -> None:
+    def _apply(self, event: Event) -> str | None:
         if event.op == "append":
             assert event.data is not None
             rows = coerce(event.data, self.table.schema, self.table.options)
-            self._pending.append(rows)
+            key = event.idempotency_key
+            if key is None:
+                self._pending.append(rows)
+            else:
+                self._await_previous()
+                if key in self.keys or self.table.idempotency_version(key) is not None:
+                    return DUPLICATE
+                self.transaction().append(rows, idempotency_key=key)
+                self.keys.add(key)
             self.rows += rows.num_rows
-            return
+            return None
         assert event.where is not None
-        if self._tx is None and self._ready is not None:
-            self._ready()  # the predicate resolves against the table: the batch before must be in it
+        self._await_previous()  # the predicate resolves against the table: the batch before must be in it
         if event.op == "delete":
             self.transaction().delete(event.where)
         else:
             assert event.data is not None
             self.transaction().update(event.where, event.data)
             self.rows += event.data.num_rows
+        return None
+
+    def _await_previous(self) -> None:
+        if self._tx is None and self._ready is not None:
+            self._ready()
 
     def _stage_appends(self) -> None:
         """Hand the accumulated appends to the transaction as one append."""

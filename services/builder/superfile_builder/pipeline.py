@@ -28,6 +28,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import redis
 from superfile.connection import Connection
 from superfile.errors import TableNotFoundError
 from superfile.events import LOG_PROPERTY, SOURCES_PROPERTY, topic_for
@@ -116,7 +117,13 @@ class TablePipeline(threading.Thread):
             if not self.lease.valid():
                 self._drop()
                 self.gauges.lease_held = 0
-                if not self.lease.try_acquire():
+                try:
+                    acquired = self.lease.try_acquire()
+                except redis.RedisError as exc:
+                    log.warning("table %s: lease not acquired: %s", self.table_name, exc)
+                    self.metrics.errors.add(1, {**self.labels, "kind": "redis"})
+                    acquired = False
+                if not acquired:
                     self._stopping.wait(retry)
                     continue
                 self.gauges.lease_held = 1

@@ -83,5 +83,9 @@ class Publisher:
         tx = batch.transaction()
         tx.set_properties(**logged)
         version = tx.commit()
+        if batch.keys and batch.table.properties.get(LOG_PROPERTY, {}).get(self.topic) != batch.end:
+            # Another writer recorded one of the batch's idempotency keys first: the engine then publishes
+            # nothing for the whole transaction. Resuming re-reads the batch, and the key is skipped.
+            raise ContentionError(f"{self.topic}: an idempotency key of this batch was committed concurrently")
         self._logged = logged
         return version
