@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 import superfile
 from superfile.errors import (
+    InvalidInputError,
     InvalidOptionError,
     InvalidPredicateError,
     InvalidTableNameError,
@@ -257,3 +258,13 @@ def test_bad_queries(table: Any) -> None:
         table.to_arrow(where="key >>> 1")
     with pytest.raises(UnknownColumnError):
         table.to_arrow(columns=["nope"])
+
+
+def test_idempotent_append(table: Any) -> None:
+    v = table.append(_rows(range(20, 22)), idempotency_key="batch-20")
+    assert table.append(_rows(range(20, 22)), idempotency_key="batch-20") == v  # the first commit's version
+    assert table.count_rows() == 14 and table.version == v
+    assert table.append(_rows(range(22, 23)), idempotency_key="batch-22") == v + 1
+    with pytest.raises(InvalidInputError):
+        table.append(_rows(range(1)), idempotency_key="")
+    assert table.count_rows() == 15

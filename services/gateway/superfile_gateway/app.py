@@ -500,14 +500,22 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
 
     # -- writes -----------------------------------------------------------------------
     @app.post("/tables/{name}/append", tags=["writes"], openapi_extra=_WRITE_BODY)
-    async def append(name: str, request: Request, p: Auth, wait: Wait = True) -> Response:
+    async def append(
+        name: str,
+        request: Request,
+        p: Auth,
+        wait: Wait = True,
+        idempotency_key: Annotated[
+            str | None, Query(description="a repeated key adds nothing (the first append's rows stay)")
+        ] = None,
+    ) -> Response:
         body = await request.body()
 
         def run(table: Supertable) -> WriteResult:
             rows, rest = _rows(request, body)
             if rest:
                 raise InvalidInputError(f"unknown fields in an append body: {sorted(rest)}")
-            return gw.writes.append(table, rows, wait=wait)
+            return gw.writes.append(table, rows, wait=wait, idempotency_key=idempotency_key)
 
         return await run_in_threadpool(gw.write, p, name, "append", run)
 

@@ -24,6 +24,7 @@ from superfile.expressions import parse_predicate
 from superfile.remote.errors import PayloadTooLargeError, VisibilityTimeoutError
 from superfile.schema import coerce
 from superfile.table import Supertable
+from superfile.table.idempotency import check_key
 
 __all__ = ["EmbeddedWrites", "LogWrites", "WritePath", "WriteResult", "wait_visible"]
 
@@ -44,7 +45,8 @@ class WritePath(Protocol):
     def created(self, table: str) -> None:
         """A table was just created in storage."""
 
-    def append(self, table: Supertable, data: Any, *, wait: bool) -> WriteResult: ...
+    def append(self, table: Supertable, data: Any, *, wait: bool, idempotency_key: str | None = None) -> WriteResult:
+        """Add rows; a repeated ``idempotency_key`` adds nothing (checked where the write commits)."""
 
     def delete(self, table: Supertable, where: str, *, wait: bool) -> WriteResult: ...
 
@@ -63,8 +65,8 @@ class EmbeddedWrites:
     def created(self, table: str) -> None:
         return None
 
-    def append(self, table: Supertable, data: Any, *, wait: bool) -> WriteResult:
-        return WriteResult(table.append(data))
+    def append(self, table: Supertable, data: Any, *, wait: bool, idempotency_key: str | None = None) -> WriteResult:
+        return WriteResult(table.append(data, idempotency_key=idempotency_key))
 
     def delete(self, table: Supertable, where: str, *, wait: bool) -> WriteResult:
         return WriteResult(table.delete(where))
@@ -129,31 +131,38 @@ class LogWrites:
             return self._locks.setdefault(table, threading.Lock())
 
     def _publish(
-        self, table: Supertable, events: list[tuple[Op, pa.Table | None, str | None]], wait: bool
+        self, table: Supertable, events: list[tuple[Op, pa.Table | None, str | None, str | None]], wait: bool
     ) -> WriteResult:
         with self._lock(table.name):
             position: Position | None = None
-            for op, data, where in events:
+            for op, data, where, key in events:
                 with self._guard:
                     self._seq += 1
                     seq = self._seq
                 try:
-                    position = self.log.publish(Event(op, table.name, self.source, (seq,), data, where))
+                    position = self.log.publish(Event(op, table.name, self.source, (seq,), data, where, key))
                 except KafkaError as e:
                     raise StorageError(f"the event log did not acknowledge the {op}: {e}") from None
         assert position is not None
         version = wait_visible(table, position, self._timeout) if wait else None
         return WriteResult(version, position)
 
-    def append(self, table: Supertable, data: Any, *, wait: bool) -> WriteResult:
+    def append(self, table: Supertable, data: Any, *, wait: bool, idempotency_key: str | None = None) -> WriteResult:
         rows = coerce(data, table.schema, table.options)
         if not rows.num_rows:
             return WriteResult(table.version)  # as embedded: an empty append changes nothing
-        return self._publish(table, [("append", chunk, None) for chunk in _chunks(rows)], wait)
+        chunks = _chunks(rows)
+        keys: list[str | None] = [idempotency_key] * len(chunks)
+        if idempotency_key is not None:
+            # Chunking is deterministic, so a retried append splits the same way and each chunk keeps its key.
+            keys = [idempotency_key] if len(chunks) == 1 else [f"{idempotency_key}#{i}" for i in range(len(chunks))]
+            for key in keys:
+                check_key(key)
+        return self._publish(table, [("append", c, None, k) for c, k in zip(chunks, keys, strict=True)], wait)
 
     def delete(self, table: Supertable, where: str, *, wait: bool) -> WriteResult:
         parse_predicate(where, table.schema)
-        return self._publish(table, [("delete", None, where)], wait)
+        return self._publish(table, [("delete", None, where, None)], wait)
 
     def update(self, table: Supertable, where: str, data: Any, *, wait: bool) -> WriteResult:
         parse_predicate(where, table.schema)
@@ -164,7 +173,7 @@ class LogWrites:
                 f"these are {rows.nbytes}: update fewer rows per request"
             )
         # One event: an update's replacement rows must stay together (they match the predicate's rows 1:1).
-        return self._publish(table, [("update", rows, where)], wait)
+        return self._publish(table, [("update", rows, where, None)], wait)
 
     def ready(self) -> bool:
         """Some bootstrap broker accepts a connection (within a second)."""

@@ -76,7 +76,9 @@ def test_writes_are_published_as_events(suite: BackgroundServer, kafka: Server) 
         finally:
             admin.close()
         assert http.get("/readyz").json() == {"status": "ready", "mode": "suite"}
-        appended = http.post(f"/tables/{name}/append", params={"wait": "false"}, json=rows(range(3)))
+        appended = http.post(
+            f"/tables/{name}/append", params={"wait": "false", "idempotency_key": "first-batch"}, json=rows(range(3))
+        )
         assert appended.status_code == 200
         assert appended.json() == {"version": None, "position": f"{topic}@0"}
         deleted = http.post(f"/tables/{name}/delete", params={"wait": "false"}, json={"where": "key = 1"})
@@ -103,7 +105,8 @@ def test_writes_are_published_as_events(suite: BackgroundServer, kafka: Server) 
     assert events[0].data is not None and events[0].data.to_pylist() == [
         {**r, "emb": [float(x) for x in r["emb"]]} for r in rows(range(3))
     ]
-    assert events[1].where == "key = 1" and events[1].data is None
+    assert events[0].idempotency_key == "first-batch"  # the builder skips a batch whose key the table recorded
+    assert events[1].where == "key = 1" and events[1].data is None and events[1].idempotency_key is None
     assert events[2].where == "key = 2" and events[2].data is not None
     assert events[2].data.column("title").to_pylist() == ["new"]
 

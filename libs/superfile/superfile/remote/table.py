@@ -197,9 +197,11 @@ class RemoteTable:
         return self._search("hybrid", body)
 
     # -- writes ---------------------------------------------------------------------------
-    def append(self, data: Any, *, wait: bool = True) -> int | None:
-        """Add rows; returns the version that includes them (None with ``wait=False`` in suite mode)."""
-        return self._write("append", wait, content=self._ipc_rows(data), headers={"content-type": ARROW_STREAM})
+    def append(self, data: Any, *, wait: bool = True, idempotency_key: str | None = None) -> int | None:
+        """Add rows; returns the version that includes them (None with ``wait=False`` in suite mode).
+        A repeated ``idempotency_key`` adds nothing (embedded mode returns the first append's version)."""
+        params = {} if idempotency_key is None else {"idempotency_key": idempotency_key}
+        return self._write("append", wait, params, content=self._ipc_rows(data), headers={"content-type": ARROW_STREAM})
 
     def delete(self, where: str, *, wait: bool = True) -> int | None:
         """Delete every row matching the SQL predicate; returns the version (see ``append`` for ``wait``)."""
