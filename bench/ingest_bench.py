@@ -185,6 +185,7 @@ def main() -> None:
                     "storage": "moto S3 server on 127.0.0.1",
                     "broker": "tansu (memory storage) on 127.0.0.1",
                     "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)",
+                    "load_average_at_start": os.getloadavg()[0],
                 },
                 "throughput": throughput(log, table, args.rows, args.event_rows),
             }

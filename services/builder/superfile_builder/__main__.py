@@ -114,7 +114,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--redis", required=True, help="redis://HOST:PORT/DB for the leases")
     p.add_argument("--tables", type=lambda s: [t for t in s.split(",") if t], help="a,b (default: every table)")
     p.add_argument("--commit-rows", type=int, default=100_000, help="commit once this many rows are staged")
-    p.add_argument("--commit-bytes", type=int, default=64 << 20, help="commit once this many record bytes are staged")
+    p.add_argument("--commit-bytes", type=int, default=256 << 20, help="commit once this many record bytes are staged")
     p.add_argument("--freshness-ms", type=int, default=1000, help="commit a batch at most this long after its start")
     p.add_argument("--lease-ms", type=int, default=5000, help="lease ttl: a dead builder's tables wait this long")
     p.add_argument("--rescan-ms", type=int, default=5000, help="how often storage is listed for new tables")

@@ -55,7 +55,7 @@ class PipelineConfig:
 
     kafka: str
     commit_rows: int = 100_000
-    commit_bytes: int = 64 << 20
+    commit_bytes: int = 256 << 20
     freshness_ms: int = 1000
     topic_prefix: str = "superfile"
     retry_s: float = 1.0  # pause after a failed commit before resuming
