@@ -113,9 +113,11 @@ class TablePipeline(threading.Thread):
     # -- the loop ----------------------------------------------------------------------
     def _loop(self, source: KafkaSource) -> None:
         retry = max(0.05, self.lease.ttl_ms / 1000 / 4)
+        synced = False  # the source position and processor state match the table's current manifest
         while not self._stopping.is_set():
             if not self.lease.valid():
                 self._drop()
+                synced = False
                 self.gauges.lease_held = 0
                 try:
                     acquired = self.lease.try_acquire()
@@ -127,8 +129,10 @@ class TablePipeline(threading.Thread):
                     self._stopping.wait(retry)
                     continue
                 self.gauges.lease_held = 1
-                self._resume(source)
             try:
+                if not synced:
+                    self._resume(source)
+                    synced = True
                 self._step(source)
             except TableNotFoundError:
                 raise
@@ -136,14 +140,13 @@ class TablePipeline(threading.Thread):
                 log.warning("table %s: commit fenced, resuming from the manifest: %s", self.table_name, exc)
                 self.metrics.errors.add(1, {**self.labels, "kind": "fenced"})
                 self._drop()
-                if self.lease.valid():
-                    self._resume(source)
+                synced = False
             except Exception as exc:
                 log.exception("table %s: batch failed, resuming from the manifest", self.table_name)
                 self.metrics.errors.add(1, {**self.labels, "kind": type(exc).__name__})
                 self._drop()
-                if not self._stopping.wait(self.config.retry_s) and self.lease.valid():
-                    self._resume(source)
+                synced = False
+                self._stopping.wait(self.config.retry_s)
 
     def _drop(self) -> None:
         """Forget the batch being accumulated and wait out a commit in flight (its outcome no longer matters)."""
