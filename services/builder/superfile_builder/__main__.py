@@ -21,7 +21,7 @@ from types import FrameType
 
 import redis
 import superfile
-from superfile import telemetry
+from superfile.telemetry import CONTENT_TYPE, render
 
 from superfile_builder.lease import LeaseKeeper
 from superfile_builder.metrics import BuilderMetrics
@@ -96,9 +96,9 @@ class _Metrics(BaseHTTPRequestHandler):
         if self.path.split("?")[0] != "/metrics":
             self.send_error(404)
             return
-        body = telemetry.render()
+        body = render()
         self.send_response(200)
-        self.send_header("Content-Type", telemetry.CONTENT_TYPE)
+        self.send_header("Content-Type", CONTENT_TYPE)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

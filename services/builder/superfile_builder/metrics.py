@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from opentelemetry.metrics import CallbackOptions, Observation
-from superfile import telemetry
+from superfile.telemetry import meter, seconds_histogram
 
 __all__ = ["BuilderMetrics", "TableGauges"]
 
@@ -38,7 +38,7 @@ class BuilderMetrics:
     """Counters, the commit latency histogram and the per-table gauges of one builder process."""
 
     def __init__(self) -> None:
-        m = telemetry.meter("superfile.builder")
+        m = meter("superfile.builder")
         self.rows_applied = m.create_counter("superfile_builder_rows_applied", description="rows committed")
         self.events_applied = m.create_counter("superfile_builder_events_applied", description="events committed")
         self.records_skipped = m.create_counter(
@@ -46,7 +46,7 @@ class BuilderMetrics:
         )
         self.errors = m.create_counter("superfile_builder_errors", description="failures, by kind")
         self.commits = m.create_counter("superfile_builder_commits", description="manifest commits published")
-        self.commit_seconds = telemetry.seconds_histogram(
+        self.commit_seconds = seconds_histogram(
             m, "superfile_builder_commit_seconds", "time to build and publish one batch's commit"
         )
         self._tables: dict[str, TableGauges] = {}
