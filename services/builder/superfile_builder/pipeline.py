@@ -193,7 +193,7 @@ class TablePipeline(threading.Thread):
                     self._table, self._next, self.publisher.precondition(self._next), ready=self._await_commit
                 )
             reason = self._batch.add(self.processor.process(record))
-            self._next = self._batch.end
+            self._next = self.gauges.consumed_offset = self._batch.end
             if reason is not None:
                 self.metrics.records_skipped.add(1, {**self.labels, "reason": reason})
                 if reason in _ERROR_REASONS:
@@ -208,7 +208,6 @@ class TablePipeline(threading.Thread):
         ):
             self._commit()
         self.gauges.end_offset = source.end_offset()
-        self.gauges.consumed_offset = self._next
 
     def _commit(self) -> None:
         """Hand the batch to the publisher thread (after the commit before it) and start a new one."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -98,3 +100,15 @@ def rows(keys: list[str], n: int = 0) -> pa.Table:
         {"key": keys, "n": [n] * len(keys), "body": [f"row {k} text" for k in keys]},
         schema=SCHEMA,
     )
+
+
+def gauge(port: int, name: str, table: str) -> float | None:
+    """One gauge of the builder's /metrics (None while the builder is still starting)."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except urllib.error.URLError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'table="{table}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None

@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 
 import superfile
-from builder_support import LEASE_MS, BuilderProcess, create_table, rows, wait_until
+from builder_support import LEASE_MS, BuilderProcess, create_table, gauge, rows, wait_until
 from superfile.events import Event, EventLog, Position
-from superfile_suite import Server
+from superfile_suite import Server, free_port
 
 
 class Producer(threading.Thread):
@@ -80,19 +80,24 @@ def test_sigkilled_builder_applies_every_event_exactly_once(
     producer = Producer(kafka.url, table_name)
     producer.start()
     rng = random.Random(11)
-    kills = 0
-    builder = builders([table_name])
+    kills = mid_batch = 0
+    port = free_port()
+    builder = builders([table_name], metrics_port=port)
     for _ in range(6):
         version = table.version
         wait_until(lambda v=version: table.version > v, 20, f"the builder to commit:\n{builder.output()}")
         time.sleep(rng.uniform(0.0, 0.6))  # a random moment inside the builder's work
+        consumed = gauge(port, "superfile_builder_consumed_offset", table_name) or 0
+        applied = gauge(port, "superfile_builder_applied_offset", table_name) or 0
         builder.kill()
         kills += 1
-        builder = builders([table_name])
+        mid_batch += consumed > applied  # killed while holding staged, uncommitted events
+        port = free_port()
+        builder = builders([table_name], metrics_port=port)
     last = producer.finish()
     wait_until(lambda: last.visible_in(table.properties), 30, f"the last event applied:\n{builder.output()}")
 
-    assert kills >= 5
+    assert kills >= 5 and mid_batch >= 3
     assert _content(table) == producer.expected
     assert len(producer.expected) > 500
 

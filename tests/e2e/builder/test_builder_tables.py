@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 
 import redis
 import superfile
-from builder_support import BuilderProcess, create_table, rows, wait_until
+from builder_support import BuilderProcess, create_table, gauge, rows, wait_until
 from superfile.events import Event, EventLog
 from superfile_suite import Server, free_port
 
 
 def _keys(table: superfile.Supertable) -> list[str]:
     return sorted(table.to_arrow(["key"]).column("key").to_pylist())
-
-
-def _gauge(port: int, name: str, table: str) -> float | None:
-    """One gauge of the builder's /metrics (None while the builder is still starting)."""
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    except urllib.error.URLError:
-        return None
-    for line in text.splitlines():
-        if line.startswith(name + "{") and f'table="{table}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 def test_tables_discovered_and_events_of_a_dropped_table_never_applied(
@@ -60,15 +46,15 @@ def test_sigterm_commits_what_was_staged_and_releases_the_lease(
     port = free_port()
     # Thresholds no test reaches: only the stop can commit.
     builder = builders([table_name], freshness_ms=600_000, commit_rows=10**9, lease_ms=60_000, metrics_port=port)
-    wait_until(lambda: _gauge(port, "superfile_builder_lease_held", table_name) == 1, 30, "the lease")
+    wait_until(lambda: gauge(port, "superfile_builder_lease_held", table_name) == 1, 30, "the lease")
     log = EventLog(kafka.url)
     try:
         for i in range(3):
             last = log.publish(Event("append", table_name, "p", (i,), rows([f"k{i}"])))
     finally:
         log.close()
-    wait_until(lambda: _gauge(port, "superfile_builder_consumed_offset", table_name) == 3, 30, "the events staged")
-    assert _gauge(port, "superfile_builder_applied_offset", table_name) == 0
+    wait_until(lambda: gauge(port, "superfile_builder_consumed_offset", table_name) == 3, 30, "the events staged")
+    assert gauge(port, "superfile_builder_applied_offset", table_name) == 0
     assert table.version == 1
 
     builder.stop()
