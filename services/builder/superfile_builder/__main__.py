@@ -64,6 +64,8 @@ class Builder:
                 pipeline.join(timeout=30)
                 del self.pipelines[name]
                 self.metrics.forget(name)
+                if name not in wanted:
+                    self.leases.forget(name)
         for name in sorted(wanted - set(self.pipelines)):
             pipeline = TablePipeline(self.conn, name, self.config, self.leases.lease(name), self.metrics)
             self.pipelines[name] = pipeline

@@ -113,11 +113,6 @@ class Lease:
             except redis.RedisError as exc:
                 log.warning("lease on %s not released (it expires by itself): %s", self.table, exc)
 
-    def drop(self) -> None:
-        """Forget the holding locally (after a fenced commit): stop trusting it without touching Redis."""
-        with self._lock:
-            self._token = None
-
 
 class LeaseKeeper:
     """The background thread renewing every registered lease a few times per ttl."""
@@ -140,6 +135,7 @@ class LeaseKeeper:
             return lease
 
     def forget(self, table: str) -> None:
+        """Stop renewing (and release) the lease of a table this builder no longer builds."""
         with self._lock:
             lease = self._leases.pop(table, None)
         if lease is not None:
