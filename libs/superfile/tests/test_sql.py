@@ -312,6 +312,25 @@ def test_hybrid_search_function(world: World) -> None:
     assert _ids(got) == fused.tolist()
 
 
+def test_supertable_hybrid_search_equals_sql(world: World) -> None:
+    q = [0.2, 0.4, 0.6, 0.8]
+    world.mutate()  # deleted rows must stay invisible to both retrievers
+    got = world.items.hybrid_search("name", "rust compiler", "emb", q, 7, projection=["id", "cat"])
+    assert got.column_names == ["_id", "score", "id", "cat"]
+    sql = world.conn.sql(
+        "SELECT _id, score, id, cat FROM hybrid_search('items', 'name', 'rust compiler', 'emb', "
+        "[0.2, 0.4, 0.6, 0.8], 7) ORDER BY score DESC, _id"
+    )
+    assert got.to_pylist() == sql.to_pylist()
+    text = _ids(world.items.bm25_search("name", "rust compiler", 100))
+    vec = _ids(world.items.vector_search("emb", q, 100))
+    fused, scores = rrf_fuse([np.array(text, np.uint64), np.array(vec, np.uint64)], 7)
+    assert _ids(got) == fused.tolist() and got.column("score").to_pylist() == scores.tolist()
+    assert "emb" in world.items.hybrid_search("name", "rust", "emb", q).column_names  # default: every column
+    with pytest.raises(InvalidInputError):
+        world.items.hybrid_search("name", "rust", "emb", q, 0)
+
+
 def _ndcg10(ranked: list[int], grades: dict[int, int]) -> float:
     dcg = sum((2 ** grades.get(d, 0) - 1) / math.log2(i + 2) for i, d in enumerate(ranked[:10]))
     ideal = sorted(grades.values(), reverse=True)[:10]

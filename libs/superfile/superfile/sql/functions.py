@@ -4,25 +4,20 @@ and hands the hits back to DataFusion as a relation of ``_id``, the projected sc
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 from datafusion import Table
 
 from superfile.errors import InvalidInputError
 from superfile.schema import ID, SCORE
-from superfile.table.search import Searcher
+from superfile.table.search import RRF_K, Searcher, rrf_fuse
 
 if TYPE_CHECKING:
     from superfile.sql.context import SqlSession
 
 __all__ = ["FUNCTIONS", "RRF_K", "TableFunctionError", "rrf_fuse"]
-
-RRF_K = 60  # the reciprocal-rank-fusion constant: score = sum over retrievers of 1 / (RRF_K + rank)
-HYBRID_DEPTH = 100  # candidates taken from each retriever before fusion
 
 
 class TableFunctionError(InvalidInputError):
@@ -134,51 +129,13 @@ def exact_match(session: SqlSession, *args: Any) -> Table:
     return _relation(result, cols)
 
 
-def rrf_fuse(rankings: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Reciprocal-rank fusion of ranked id lists: the top ``k`` ids and their fused scores (ties: ``_id``)."""
-    scores: dict[int, float] = {}
-    for ids in rankings:
-        for rank, i in enumerate(ids.tolist(), start=1):
-            scores[i] = scores.get(i, 0.0) + 1.0 / (RRF_K + rank)
-    if not scores:
-        return np.zeros(0, np.uint64), np.zeros(0, np.float64)
-    ids = np.fromiter(scores.keys(), np.uint64, len(scores))
-    fused = np.fromiter(scores.values(), np.float64, len(scores))
-    order = np.lexsort((ids, -fused))[:k]
-    return ids[order], fused[order]
-
-
 def hybrid_search(session: SqlSession, *args: Any) -> Table:
     fn = "hybrid_search"
     _arity(args, fn, 6, 6, "(table, text_column, query_text, vector_column, query_vector, k)")
-    name = session._resolve(_str(args, 0, fn, "the table name"))
-    snap = session.snapshot(name)
-    cols = [c for c in session.needed_columns(snap) if c not in (ID, SCORE)]
+    searcher, cols = _target(session, args, fn)
     text_col, q_text = _str(args, 1, fn, "the text column"), _str(args, 2, fn, "the text query")
     vec_col, q_vec, k = _str(args, 3, fn, "the vector column"), _vector(args, 4, fn), _int(args, 5, fn, "k")
-    if k < 1:
-        raise TableFunctionError(f"{fn}: k must be at least 1, got {k}")
-    depth = max(k, HYBRID_DEPTH)  # each retriever's list length: fusion needs more than the final k
-
-    def text() -> pa.Table:
-        return Searcher(snap).bm25_search(text_col, q_text, depth, "any", cols)
-
-    def vector() -> pa.Table:
-        return Searcher(snap).vector_search(
-            vec_col, q_vec, depth, nprobe=None, rerank=None, text_filter=None, where=None, projection=cols
-        )
-
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="superfile-hybrid") as pool:
-        futures = [pool.submit(text), pool.submit(vector)]
-        results = [f.result() for f in futures]
-    ids, fused = rrf_fuse([np.asarray(r.column(ID).to_numpy(), np.uint64) for r in results], k)
-    both = pa.concat_tables([r.select([ID, *cols]) for r in results])
-    first: dict[int, int] = {}
-    for row, i in enumerate(both.column(ID).to_numpy().tolist()):
-        first.setdefault(int(i), row)
-    rows = both.take(pa.array([first[i] for i in ids.tolist()], pa.int64()))
-    out = rows.append_column(pa.field(SCORE, pa.float64()), pa.array(fused, pa.float64()))
-    return _relation(out, cols)
+    return _relation(searcher.hybrid_search(text_col, q_text, vec_col, q_vec, k, cols), cols)
 
 
 FUNCTIONS: dict[str, Callable[..., Table]] = {

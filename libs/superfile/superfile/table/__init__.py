@@ -264,6 +264,20 @@ class Supertable:
             column, vector, k, nprobe=nprobe, rerank=rerank, text_filter=filter, where=where, projection=projection
         )
 
+    def hybrid_search(
+        self,
+        text_column: str,
+        query: str,
+        vector_column: str,
+        vector: Any,
+        k: int = 10,
+        *,
+        projection: list[str] | None = None,
+    ) -> pa.Table:
+        """BM25 and vector kNN on one snapshot fused by reciprocal rank (as the ``hybrid_search`` SQL table
+        function), best first: ``_id``, ``score`` (higher is better), the projected columns."""
+        return Searcher(self._current()).hybrid_search(text_column, query, vector_column, vector, k, projection)
+
     # -- writes -------------------------------------------------------------------
     def transaction(self, *, precondition: Callable[[ManifestList], None] | None = None) -> Transaction:
         """Stage several writes into one commit: ``with table.transaction() as tx: ...``.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,10 +34,12 @@ from superfile.manifest.model import SuperfileEntry
 from superfile.schema import ID, SCORE
 from superfile.table.snapshot import Snapshot
 
-__all__ = ["MAX_K", "MAX_PREFIX_TERMS", "Searcher"]
+__all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "rrf_fuse"]
 
 MAX_K = 10_000
 MAX_PREFIX_TERMS = 64
+RRF_K = 60  # the reciprocal-rank-fusion constant: score = sum over retrievers of 1 / (RRF_K + rank)
+HYBRID_DEPTH = 100  # candidates taken from each retriever before fusion
 
 
 @dataclass
@@ -377,6 +380,62 @@ class Searcher:
                 remaining = [e for e in remaining if _lower_bound(e, column, q, metric) <= kth]
         self.searched = searched
         return self._result(hits, k, False, projection)
+
+    # -- hybrid ------------------------------------------------------------------------
+    def hybrid_search(
+        self,
+        text_column: str,
+        query: str,
+        vector_column: str,
+        vector: Any,
+        k: int,
+        projection: Sequence[str] | None,
+    ) -> pa.Table:
+        """BM25 (``any``) and vector kNN, each for ``max(k, HYBRID_DEPTH)`` candidates and run concurrently on
+        this snapshot, fused by reciprocal rank: ``_id``, ``score`` (float64, higher is better), the projection."""
+        k = _check_k(k)
+        cols = self._projection(projection)
+        depth = max(k, HYBRID_DEPTH)  # each retriever's list length: fusion needs more than the final k
+
+        def text() -> pa.Table:
+            return Searcher(self.snap).bm25_search(text_column, query, depth, "any", cols)
+
+        def vec() -> pa.Table:
+            return Searcher(self.snap).vector_search(
+                vector_column, vector, depth, nprobe=None, rerank=None, text_filter=None, where=None, projection=cols
+            )
+
+        # its own two threads: the kernels fan out on the query pool, which must not wait on itself
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="superfile-hybrid") as pool:
+            futures = [pool.submit(text), pool.submit(vec)]
+            results = [f.result() for f in futures]
+        ids, fused = rrf_fuse([np.asarray(r.column(ID).to_numpy(), np.uint64) for r in results], k)
+        both = pa.concat_tables([r.select([ID, *cols]) for r in results])
+        first: dict[int, int] = {}
+        for row, i in enumerate(both.column(ID).to_numpy().tolist()):
+            first.setdefault(int(i), row)
+        rows = both.take(pa.array([first[i] for i in ids.tolist()], pa.int64()))
+        fields: list[pa.Field] = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float64())]
+        fields += [self.snap.schema.field(c) for c in cols]
+        arrays: list[pa.Array | pa.ChunkedArray] = [rows.column(ID), pa.array(fused, pa.float64())]
+        arrays += [rows.column(c) for c in cols]
+        return pa.Table.from_arrays(
+            arrays, schema=pa.schema(fields, metadata={"superfile.version": str(self.snap.version)})
+        )
+
+
+def rrf_fuse(rankings: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal-rank fusion of ranked id lists: the top ``k`` ids and their fused scores (ties: ``_id``)."""
+    scores: dict[int, float] = {}
+    for ids in rankings:
+        for rank, i in enumerate(ids.tolist(), start=1):
+            scores[i] = scores.get(i, 0.0) + 1.0 / (RRF_K + rank)
+    if not scores:
+        return np.zeros(0, np.uint64), np.zeros(0, np.float64)
+    ids = np.fromiter(scores.keys(), np.uint64, len(scores))
+    fused = np.fromiter(scores.values(), np.float64, len(scores))
+    order = np.lexsort((ids, -fused))[:k]
+    return ids[order], fused[order]
 
 
 def _geometry(q: np.ndarray, metric: str) -> np.ndarray:
