@@ -20,7 +20,7 @@ if importlib.util.find_spec("superfile") is None:  # running from a checkout wit
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import boto3
-from servers import start_moto, stop
+from superfile_suite import start_moto
 
 _S3_ENV = {
     "AWS_ACCESS_KEY_ID": "test",
@@ -33,14 +33,10 @@ _S3_ENV = {
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """Endpoint URL of a moto S3 server shared by the session, with test credentials in the env."""
-    proc, endpoint = start_moto()
-    with pytest.MonkeyPatch.context() as env:
+    with start_moto() as server, pytest.MonkeyPatch.context() as env:
         for name, value in _S3_ENV.items():
             env.setenv(name, value)
-        try:
-            yield endpoint
-        finally:
-            stop(proc)
+        yield server.url
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import boto3
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from servers import FaultyProxy
+from faulty_proxy import FaultyProxy
 from superfile.errors import (
     InvalidInputError,
     InvalidOptionError,

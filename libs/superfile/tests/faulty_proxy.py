@@ -1,92 +1,16 @@
-"""Real local servers for tests: moto's S3 server and a fault-injecting TCP proxy.
+"""A fault-injecting TCP proxy in front of a real server (the servers themselves: ``superfile_suite``).
 
-Nothing here mocks a client library; tests talk HTTP to real processes.
+Nothing here mocks a client library; tests talk HTTP to real processes through it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import socket
-import subprocess
-import sys
-import tempfile
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 
-__all__ = ["FaultyProxy", "free_port", "start_moto", "stop"]
-
-_START_TIMEOUT = 20.0
-
-
-def free_port() -> int:
-    """A port the OS just reported free on 127.0.0.1 (callers retry if it gets taken)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _moto_binary() -> str:
-    beside = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    found = beside if os.access(beside, os.X_OK) else shutil.which("moto_server")
-    if found is None:
-        raise RuntimeError("moto_server not found; install moto[server]")
-    return found
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
-            return bool(resp.status)
-    except urllib.error.HTTPError:
-        return True  # any HTTP answer means the server is up
-    except OSError:
-        return False
-
-
-def start_moto(attempts: int = 3) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``moto_server`` on a free port; return the process and its endpoint URL.
-
-    Polls until the server answers (at most ~20 s per try) and retries on a
-    fresh port if the process dies early, e.g. because the port was taken.
-    """
-    binary = _moto_binary()
-    log_tail = ""
-    for _ in range(attempts):
-        port = free_port()
-        endpoint = f"http://127.0.0.1:{port}"
-        # The server logs every request; the child keeps its own handle on this file.
-        with tempfile.TemporaryFile() as log:
-            proc = subprocess.Popen(
-                [binary, "-H", "127.0.0.1", "-p", str(port)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-            deadline = time.monotonic() + _START_TIMEOUT
-            while time.monotonic() < deadline and proc.poll() is None:
-                if _answers(endpoint):
-                    return proc, endpoint
-                time.sleep(0.05)
-            stop(proc)
-            log.seek(0)
-            log_tail = log.read()[-2000:].decode(errors="replace")
-    raise RuntimeError(f"moto_server did not start after {attempts} tries:\n{log_tail}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Terminate a server process, killing it if it does not exit within 5 s."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+__all__ = ["FaultyProxy"]
 
 
 class FaultyProxy:
