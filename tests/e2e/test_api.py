@@ -7,6 +7,7 @@ against a uvicorn gateway (embedded mode) serving another file:// root.
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -61,7 +62,8 @@ def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
     if request.param == "embedded":
         yield superfile.connect(uri)
         return
-    settings = Settings(storage=uri, api_keys=parse_api_keys("api-test-key:*:rw"))
+    # cleanup(older_than=0) as embedded: nothing else writes to this root, so no commit is in flight
+    settings = Settings(storage=uri, api_keys=parse_api_keys("api-test-key:*:rw"), cleanup_min_age_s=0)
     with BackgroundServer(settings) as server:
         conn = superfile.connect(server.url, api_key="api-test-key")
         yield conn
@@ -268,3 +270,151 @@ def test_idempotent_append(table: Any) -> None:
     with pytest.raises(InvalidInputError):
         table.append(_rows(range(1)), idempotency_key="")
     assert table.count_rows() == 15
+
+
+def _small_files(db: Any, appends: int = 6) -> Any:
+    """A table whose 12 rows arrived in ``appends`` commits (one small superfile each)."""
+    t = db.create_table(f"m_{uuid.uuid4().hex[:8]}", SCHEMA, fts_columns=["title"], vector_columns={"emb": DIM})
+    per = 12 // appends
+    for start in range(0, 12, per):
+        t.append(_rows(range(start, start + per)))
+    return t
+
+
+def test_optimize(db: Any) -> None:
+    t = _small_files(db)
+    t.delete("key = 5")
+    before = t.to_arrow(columns=["_id", "key", "title"]).sort_by("_id")
+    v = t.version
+    assert t.stats()["superfile_count"] == 6
+    result = t.optimize()
+    assert result == {
+        "version": v + 1,
+        "target_rows": 100_000,
+        "superfiles_removed": 6,
+        "superfiles_added": 1,
+        "rows_rewritten": 11,  # the deleted row is dropped
+        "deletes_carried": 0,
+    }
+    assert t.version == v + 1 and t.versions()[-1]["operation"] == "optimize"
+    assert t.stats()["superfile_count"] == 1 and t.stats()["deleted_rows"] == 0
+    assert t.to_arrow(columns=["_id", "key", "title"]).sort_by("_id").equals(before)  # rows keep their _id
+    assert sorted(_keys(t.bm25_search("title", "flutter", projection=["key"]))) == [3, 9]
+    again = t.optimize()
+    assert again["superfiles_removed"] == 0 and again["version"] == v + 1  # nothing left to merge
+    assert t.changes(v, v + 1).num_rows == 0  # compaction changes no row
+    split = _small_files(db).optimize(target_rows=5)
+    assert (split["superfiles_removed"], split["superfiles_added"], split["target_rows"]) == (6, 3, 5)
+    with pytest.raises(InvalidOptionError):
+        t.optimize(target_rows=0)
+    with pytest.raises(InvalidOptionError):
+        t.optimize(target_rows=10, target_bytes=1000)
+    with pytest.raises(ReadOnlyTableError):
+        t.checkout(v).optimize()
+    assert t.version == v + 1
+
+
+def test_cleanup(db: Any) -> None:
+    t = _small_files(db)
+    t.optimize()
+    v = t.version
+    kept = t.cleanup(datetime.timedelta(days=1))
+    assert kept["files_removed"] == 0 and kept["bytes_removed"] == 0  # everything is younger than a day
+    assert t.checkout(2).count_rows() == 2
+    dry = t.cleanup(0, dry_run=True)
+    assert dry["dry_run"] is True and dry["oldest_version"] == v and dry["retained_versions"] == 1
+    assert dry["removed"]["superfiles"] == 6 and dry["files_removed"] >= 6 + v - 1 and dry["bytes_removed"] > 0
+    assert t.checkout(2).count_rows() == 2  # a dry run deletes nothing
+    done = t.cleanup(0)
+    assert {k: v for k, v in done.items() if k != "dry_run"} == {k: v for k, v in dry.items() if k != "dry_run"}
+    assert [h["version"] for h in t.versions()] == [v]
+    with pytest.raises(VersionNotFoundError):
+        t.checkout(2)
+    assert t.count_rows() == 12 and sorted(_keys(t.to_arrow(columns=["key"]))) == list(range(12))
+    assert t.cleanup(0)["files_removed"] == 0
+    with pytest.raises(InvalidOptionError):
+        t.cleanup(-1)
+    with pytest.raises(InvalidOptionError):
+        t.cleanup("a week")  # type: ignore[arg-type]
+
+
+def test_restore(table: Any) -> None:
+    v = table.version
+    table.delete("tag = 'even'")
+    table.append(_rows(range(12, 14)))
+    assert table.count_rows() == 8
+    assert table.restore(v) == v + 3
+    assert table.count_rows() == 12 and sorted(_keys(table.to_arrow(columns=["key"]))) == list(range(12))
+    history = table.versions()
+    assert history[-1]["operation"] == "restore" and history[-1]["row_count"] == 12
+    assert (history[-1]["rows_added"], history[-1]["rows_deleted"]) == (6, 2)
+    assert table.restore(v + 3) == v + 3  # the current contents already: no new version
+    assert table.restore(v + 2) == v + 4 and table.count_rows() == 8  # restoring is itself undoable
+    with pytest.raises(VersionNotFoundError):
+        table.restore(999)
+    with pytest.raises(ReadOnlyTableError):
+        table.checkout(v).restore(v)
+    assert table.version == v + 4
+
+
+def test_changes(table: Any) -> None:
+    v = table.version
+    table.update("key = 3", [{"key": 3, "title": "rewritten", "tag": "odd", "emb": [0, 0, 0, 1]}])
+    table.delete("key = 4")
+    table.append(_rows(range(12, 13)))
+    old = table.checkout(v).to_arrow(columns=["_id", "key"])
+    ids = dict(zip(_keys(old), old.column("_id").to_pylist(), strict=True))
+    feed = table.changes(v)
+    assert feed.column_names == ["_change", "_id", "key", "title", "tag", "emb"]
+    assert feed.schema.field("_change").type == pa.string() and feed.schema.field("_id").type == pa.uint64()
+    got = [(r["_change"], r["key"], r["title"]) for r in feed.select(["_change", "key", "title"]).to_pylist()]
+    assert got == [
+        ("delete", 3, TITLES[3]),
+        ("insert", 3, "rewritten"),
+        ("delete", 4, TITLES[4]),
+        ("insert", 12, TITLES[0]),
+    ]
+    assert feed.column("_id").to_pylist()[:3] == [ids[3], ids[3], ids[4]]
+    assert feed.column("emb")[1].as_py() == [0.0, 0.0, 0.0, 1.0]
+    only = table.changes(v, v + 2, columns=["key"])
+    assert only.column_names == ["_change", "_id", "key"]
+    assert [(r["_change"], r["key"]) for r in only.to_pylist()] == [("delete", 3), ("insert", 3), ("delete", 4)]
+    assert table.changes(v + 1, v + 2, columns=[]).column_names == ["_change", "_id"]
+    assert table.changes(v, v).num_rows == 0
+    assert table.checkout(v + 1).changes(v).num_rows == 2  # a past handle's changes end at its version
+    with pytest.raises(InvalidInputError):
+        table.changes(v + 1, v)
+    with pytest.raises(UnknownColumnError):
+        table.changes(v, columns=["nope"])
+    with pytest.raises(VersionNotFoundError):
+        table.changes(999)
+
+
+def test_versions_and_as_of(db: Any, table: Any) -> None:
+    table.delete("key = 0")
+    table.append(_rows(range(12, 14)))
+    history = table.versions()
+    assert [h["operation"] for h in history] == ["create", "append", "delete", "append"]
+    assert [h["row_count"] for h in history] == [0, 12, 11, 13]
+    assert set(history[0]) == {"version", "timestamp_ms", "operation", "rows_added", "rows_deleted", "row_count"}
+    for h in history:
+        # the version current at a commit's time: the last one committed by then (two may share a millisecond)
+        expected = max(x["version"] for x in history if x["timestamp_ms"] <= h["timestamp_ms"])
+        at = db.open_table(table.name, as_of=h["timestamp_ms"])
+        assert at.version == expected and at.count_rows() == history[expected - 1]["row_count"]
+        when = datetime.datetime.fromtimestamp(h["timestamp_ms"] / 1000, datetime.UTC)
+        assert table.checkout(as_of=when).version == expected
+        assert table.checkout(as_of=when.replace(tzinfo=None)).version == expected  # naive means UTC
+    past = table.checkout(3)
+    assert [h["version"] for h in past.versions()] == [1, 2, 3]
+    assert past.count_rows() == 11 and past.stats()["row_count"] == 11
+    with pytest.raises(ReadOnlyTableError):
+        past.append(_rows(range(1)))
+    with pytest.raises(VersionNotFoundError):
+        db.open_table(table.name, as_of=history[0]["timestamp_ms"] - 1)  # before the table existed
+    with pytest.raises(InvalidOptionError):
+        db.open_table(table.name, 2, as_of=history[0]["timestamp_ms"])
+    with pytest.raises(InvalidOptionError):
+        table.checkout()
+    with pytest.raises(InvalidInputError):
+        table.checkout(as_of="yesterday")

@@ -1,11 +1,13 @@
 """Mutation events: the log the service suite is sourced from.
 
-Every write to a table in the suite (an append, a delete, an update) is one
-event on the table's Kafka topic; the builder applies them in log order. A
-topic has one partition, so the log order is the table's write order.
+Every write to a table in the suite (an append, a delete, an update, a
+restore) is one event on the table's Kafka topic; the builder applies them in
+log order. A topic has one partition, so the log order is the table's write
+order.
 
 A record's value is an Arrow IPC stream (appends and updates) or empty
-(deletes); its headers carry the operation, the predicate, and the event's
+(deletes, restores); its headers carry the operation, the predicate or the
+version to restore, and the event's
 idempotence identity ``(source, seq)``: the builder records, per source, the
 highest ``seq`` it has committed (in the manifest, together with the log
 offsets), so a producer that replays an event (a retried send, a replayed
@@ -38,7 +40,7 @@ __all__ = [
     "topic_for",
 ]
 
-Op = Literal["append", "delete", "update"]
+Op = Literal["append", "delete", "update", "restore"]
 # Manifest properties the builder maintains: {topic: next offset to apply} and {source: [seq...] high-water}.
 LOG_PROPERTY = "log_offsets"
 SOURCES_PROPERTY = "log_sources"
@@ -62,10 +64,19 @@ class Event:
     data: pa.Table | None = None
     where: str | None = None
     idempotency_key: str | None = None  # a caller's key for append(..., idempotency_key=...)
+    version: int | None = None  # the version a restore publishes again
 
     def __post_init__(self) -> None:
-        if self.op not in ("append", "delete", "update"):
+        if self.op not in ("append", "delete", "update", "restore"):
             raise InvalidInputError(f"unknown event operation {self.op!r}")
+        if self.op == "restore":
+            if self.data is not None or self.where is not None:
+                raise InvalidInputError("a restore event takes no rows and no predicate")
+            if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
+                raise InvalidInputError(f"a restore event needs a version >= 1, got {self.version!r}")
+            return
+        if self.version is not None:
+            raise InvalidInputError(f"a {self.op} event takes no version")
         if (self.data is None) != (self.op == "delete"):
             raise InvalidInputError(f"a {self.op} event {'takes no' if self.op == 'delete' else 'needs'} rows")
         if (self.where is None) == (self.op != "append"):
@@ -98,11 +109,13 @@ class Position:
 
 def encode(event: Event) -> tuple[bytes, list[tuple[str, bytes]]]:
     """The record value and headers for an event."""
-    meta = {"op": event.op, "table": event.table, "source": event.source, "seq": list(event.seq)}
+    meta: dict[str, Any] = {"op": event.op, "table": event.table, "source": event.source, "seq": list(event.seq)}
     if event.where is not None:
         meta["where"] = event.where
     if event.idempotency_key is not None:
         meta["idempotency_key"] = event.idempotency_key
+    if event.version is not None:
+        meta["version"] = event.version
     value = b""
     if event.data is not None:
         sink = pa.BufferOutputStream()
@@ -128,6 +141,7 @@ def decode(value: bytes | None, headers: list[tuple[str, bytes]] | None) -> Even
             data=data,
             where=meta.get("where"),
             idempotency_key=meta.get("idempotency_key"),
+            version=meta.get("version"),
         )
     except (ValueError, KeyError, TypeError, pa.ArrowInvalid) as exc:
         raise InvalidInputError(f"malformed event record: {exc}") from exc

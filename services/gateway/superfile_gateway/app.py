@@ -8,18 +8,21 @@ request costs one small pointer read, not a re-open.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
+import re
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Annotated, Any, cast
 
 import pyarrow as pa
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
@@ -48,18 +51,22 @@ from superfile.remote.wire import (
 from superfile.schema import ID, SCORE
 from superfile.sql import run_sql
 from superfile.table import Supertable
+from superfile.table.cleanup import DEFAULT_RETENTION
 from superfile.telemetry import CONTENT_TYPE, meter, render, seconds_histogram
 
 from superfile_gateway.auth import KeyRing, Principal
 from superfile_gateway.guard import Guard, InFlight
 from superfile_gateway.models import (
     Bm25Request,
+    CleanupRequest,
     CountRequest,
     CreateTableRequest,
     DeleteRequest,
     ExactMatchRequest,
     HybridRequest,
+    OptimizeRequest,
     PrefixRequest,
+    RestoreRequest,
     ScanRequest,
     SqlRequest,
     TokenMatchRequest,
@@ -68,10 +75,37 @@ from superfile_gateway.models import (
 from superfile_gateway.settings import Settings
 from superfile_gateway.writes import EmbeddedWrites, LogWrites, WritePath, WriteResult, wait_visible
 
-__all__ = ["Gateway", "create_app"]
+__all__ = ["At", "Gateway", "create_app", "parse_as_of"]
 
 log = logging.getLogger("superfile.gateway")
 _PINNED_HANDLES = 64  # read-only handles on past versions kept open
+_EPOCH_MS = re.compile(r"-?\d+")
+
+
+def parse_as_of(text: str) -> datetime.datetime | int:
+    """A point in time from a query string: epoch milliseconds, or an ISO 8601 datetime (naive meaning UTC)."""
+    t = text.strip()
+    if _EPOCH_MS.fullmatch(t):
+        return int(t)
+    try:
+        return datetime.datetime.fromisoformat(t)
+    except ValueError:
+        raise InvalidInputError(f"as_of must be epoch milliseconds or an ISO 8601 datetime, got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class At:
+    """The snapshot a read names: the latest (neither field), a past ``version``, or the one current at ``as_of``."""
+
+    version: int | None = None
+    as_of: datetime.datetime | int | None = None
+
+    @property
+    def pinned(self) -> bool:
+        return self.version is not None or self.as_of is not None
+
+
+LATEST = At()
 
 
 class _Catalog:
@@ -119,31 +153,40 @@ class Gateway:
         self.errors = m.create_counter("superfile.gateway.errors", description="Error responses by error type")
 
     # -- tables -------------------------------------------------------------------------
-    def table(self, name: str, version: int | None = None) -> Supertable:
-        """The open handle on ``name`` (opened once), or a read-only handle on one of its past versions."""
+    def table(self, name: str, at: At = LATEST) -> Supertable:
+        """The open handle on ``name`` (opened once), or a read-only handle on one of its past versions
+        (``as_of`` is resolved to the version current then; handles are cached by version)."""
         table = self._tables.get(name)
         if table is None:
             opened = self.db.open_table(name)
             with self._lock:
                 table = self._tables.setdefault(name, opened)
-        if version is None:
+        if not at.pinned:
             return table
-        key = (name, version)
+        if at.version is not None:
+            key = (name, at.version)
+            with self._lock:
+                pinned = self._pinned.get(key)
+                if pinned is not None:
+                    self._pinned.move_to_end(key)
+                    return pinned
+            pinned = table.checkout(at.version)
+        else:
+            pinned = table.checkout(as_of=at.as_of)
+            key = (name, pinned.version)
         with self._lock:
-            pinned = self._pinned.get(key)
-            if pinned is not None:
-                self._pinned.move_to_end(key)
-                return pinned
-        pinned = table.checkout(version)
-        with self._lock:
-            self._pinned[key] = pinned
+            pinned = self._pinned.setdefault(key, pinned)
+            self._pinned.move_to_end(key)
             while len(self._pinned) > _PINNED_HANDLES:
                 self._pinned.popitem(last=False)
         return pinned
 
-    def forget(self, name: str) -> None:
+    def forget(self, name: str, *, pinned_only: bool = False) -> None:
+        """Drop cached handles of ``name`` (only those on past versions with ``pinned_only``: after a cleanup
+        some of them may name versions whose files are gone)."""
         with self._lock:
-            self._tables.pop(name, None)
+            if not pinned_only:
+                self._tables.pop(name, None)
             for key in [k for k in self._pinned if k[0] == name]:
                 del self._pinned[key]
 
@@ -181,7 +224,7 @@ class Gateway:
         principal: Principal,
         name: str,
         kind: str,
-        version: int | None,
+        at: At,
         wait_for: str | None,
         run: Callable[[Supertable], pa.Table],
     ) -> Response:
@@ -193,8 +236,8 @@ class Gateway:
         search that waits for a position always does.
         """
         if wait_for is None and self.inflight.count <= 1:
-            return self.query(request, principal, name, kind, version, wait_for, run)
-        return await run_in_threadpool(self.query, request, principal, name, kind, version, wait_for, run)
+            return self.query(request, principal, name, kind, at, wait_for, run)
+        return await run_in_threadpool(self.query, request, principal, name, kind, at, wait_for, run)
 
     def query(
         self,
@@ -202,24 +245,37 @@ class Gateway:
         principal: Principal,
         name: str,
         kind: str,
-        version: int | None,
+        at: At,
         wait_for: str | None,
         run: Callable[[Supertable], pa.Table],
     ) -> Response:
-        """A read: scope check, then the handle (waiting for ``wait_for``), the engine call and the encoding."""
+        """A read returning rows: ``read``, then the encoding the client accepts."""
+        return encode(request, self.read(principal, name, kind, at, wait_for, run))
+
+    def read(
+        self,
+        principal: Principal,
+        name: str,
+        kind: str,
+        at: At,
+        wait_for: str | None,
+        run: Callable[[Supertable], Any],
+    ) -> Any:
+        """A read: scope check, then the handle (past, or waiting for ``wait_for``) and the engine call, timed."""
         principal.require(name, "r")
-        if version is not None and wait_for is not None:
-            raise InvalidInputError("give either version (a past snapshot) or wait_for (a recent write), not both")
+        if at.pinned and wait_for is not None:
+            raise InvalidInputError(
+                "give either version/as_of (a past snapshot) or wait_for (a recent write), not both"
+            )
         start = time.perf_counter()
         try:
             with self.using(name):
-                table = self.table(name, version)
+                table = self.table(name, at)
                 if wait_for is not None:
                     self.wait_for(table, wait_for)
-                result = run(table)
+                return run(table)
         finally:
             self.query_seconds.record(time.perf_counter() - start, {"kind": kind})
-        return encode(request, result)
 
     def write(self, principal: Principal, name: str, op: str, run: Callable[[Supertable], WriteResult]) -> Response:
         principal.require(name, "w")
@@ -231,6 +287,32 @@ class Gateway:
             self.write_seconds.record(time.perf_counter() - start, {"op": op, "mode": self.writes.mode})
         body = {"version": result.version, "position": result.position.token if result.position else None}
         return Response(json.dumps(body).encode(), media_type="application/json")
+
+    def maintain(
+        self, principal: Principal, name: str, op: str, run: Callable[[Supertable], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """A maintenance operation (optimize, cleanup), run here against storage in both modes (write scope)."""
+        principal.require(name, "w")
+        start = time.perf_counter()
+        try:
+            with self.using(name):
+                return run(self.table(name))
+        finally:
+            self.write_seconds.record(time.perf_counter() - start, {"op": op, "mode": self.writes.mode})
+
+    def cleanup(self, table: Supertable, req: CleanupRequest) -> dict[str, Any]:
+        """``Supertable.cleanup`` with this gateway's floor on the window (``Settings.cleanup_min_age_s``)."""
+        older_than = DEFAULT_RETENTION.total_seconds() if req.older_than is None else req.older_than
+        floor = self.settings.cleanup_min_age_s
+        if older_than < floor:
+            raise InvalidOptionError(
+                f"older_than {older_than:g} s is below this gateway's minimum of {floor:g} s "
+                "(SUPERFILE_CLEANUP_MIN_AGE_S): files of commits still in flight could be deleted"
+            )
+        result = table.cleanup(older_than, dry_run=req.dry_run)
+        if not req.dry_run:
+            self.forget(table.name, pinned_only=True)
+        return result
 
     def create(self, principal: Principal, req: CreateTableRequest) -> tuple[Supertable, bool]:
         """The new table (or with ``exist_ok`` the existing one) and whether this request created it."""
@@ -375,8 +457,21 @@ async def _principal(request: Request) -> Principal:
     return gateway.keys.authenticate(headers.get("authorization"), headers.get("x-api-key"))
 
 
+async def _at(
+    version: Annotated[int | None, Query(description="read this past version (read-only)")] = None,
+    as_of: Annotated[
+        str | None,
+        Query(description="read the version current at this time: epoch ms or ISO 8601 (naive means UTC)"),
+    ] = None,
+) -> At:
+    """Which snapshot a read names (async, as ``_principal``: no thread-pool trip)."""
+    if version is not None and as_of is not None:
+        raise InvalidOptionError("give exactly one of version and as_of")
+    return At(version, None if as_of is None else parse_as_of(as_of))
+
+
 Auth = Annotated[Principal, Depends(_principal)]
-Version = Annotated[int | None, Query(description="read this past version (read-only)")]
+Snapshot = Annotated[At, Depends(_at)]
 WaitFor = Annotated[str | None, Query(description="a write's position token: answer once it is visible")]
 Wait = Annotated[bool, Query(description="suite mode: answer once the write is visible (with its version)")]
 
@@ -465,11 +560,11 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         return JSONResponse({**gw.describe(table), "created": created}, status_code=201 if created else 200)
 
     @app.get("/tables/{name}", tags=["tables"])
-    def describe_table(name: str, p: Auth, version: Version = None) -> dict[str, Any]:
+    def describe_table(name: str, p: Auth, at: Snapshot) -> dict[str, Any]:
         if not p.visible(name):
             p.require(name, "r")
         with gw.using(name):
-            return gw.describe(gw.table(name, version))
+            return gw.describe(gw.table(name, at))
 
     @app.delete("/tables/{name}", tags=["tables"])
     def drop_table(name: str, p: Auth) -> dict[str, str]:
@@ -487,16 +582,17 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
             return {"version": table.version}
 
     @app.get("/tables/{name}/stats", tags=["tables"])
-    def stats(name: str, p: Auth, version: Version = None) -> dict[str, Any]:
+    def stats(name: str, p: Auth, at: Snapshot) -> dict[str, Any]:
         p.require(name, "r")
         with gw.using(name):
-            return gw.table(name, version).stats()
+            return gw.table(name, at).stats()
 
     @app.get("/tables/{name}/versions", tags=["tables"])
-    def versions(name: str, p: Auth) -> dict[str, list[dict[str, Any]]]:
+    def versions(name: str, p: Auth, at: Snapshot) -> dict[str, list[dict[str, Any]]]:
+        """Retained versions (of a past version: those up to it)."""
         p.require(name, "r")
         with gw.using(name):
-            return {"versions": gw.table(name).versions()}
+            return {"versions": gw.table(name, at).versions()}
 
     # -- writes -----------------------------------------------------------------------
     @app.post("/tables/{name}/append", tags=["writes"], openapi_extra=_WRITE_BODY)
@@ -544,73 +640,79 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
     def delete(name: str, req: DeleteRequest, p: Auth, wait: Wait = True) -> Response:
         return gw.write(p, name, "delete", lambda t: gw.writes.delete(t, req.where, wait=wait))
 
+    @app.post("/tables/{name}/restore", tags=["writes"])
+    def restore(name: str, req: RestoreRequest, p: Auth, wait: Wait = True) -> Response:
+        """Publish a retained version's contents as the newest version (suite mode: an event the builder
+        applies in log order)."""
+        return gw.write(p, name, "restore", lambda t: gw.writes.restore(t, req.version, wait=wait))
+
     # -- reads ------------------------------------------------------------------------
     @app.post("/tables/{name}/search/bm25", tags=["search"])
     async def bm25(
-        name: str, req: Bm25Request, request: Request, p: Auth, version: Version = None, wait_for: WaitFor = None
+        name: str, req: Bm25Request, request: Request, p: Auth, at: Snapshot, wait_for: WaitFor = None
     ) -> Response:
         return await gw.search(
             request,
             p,
             name,
             "bm25",
-            version,
+            at,
             wait_for,
             lambda t: t.bm25_search(req.column, req.query, req.k, mode=req.mode, projection=req.projection),
         )
 
     @app.post("/tables/{name}/search/prefix", tags=["search"])
     async def prefix(
-        name: str, req: PrefixRequest, request: Request, p: Auth, version: Version = None, wait_for: WaitFor = None
+        name: str, req: PrefixRequest, request: Request, p: Auth, at: Snapshot, wait_for: WaitFor = None
     ) -> Response:
         return await gw.search(
             request,
             p,
             name,
             "prefix",
-            version,
+            at,
             wait_for,
             lambda t: t.bm25_search_prefix(req.column, req.prefix, req.k, projection=req.projection),
         )
 
     @app.post("/tables/{name}/search/token_match", tags=["search"])
     async def token_match(
-        name: str, req: TokenMatchRequest, request: Request, p: Auth, version: Version = None, wait_for: WaitFor = None
+        name: str, req: TokenMatchRequest, request: Request, p: Auth, at: Snapshot, wait_for: WaitFor = None
     ) -> Response:
         return await gw.search(
             request,
             p,
             name,
             "token_match",
-            version,
+            at,
             wait_for,
             lambda t: t.token_match(req.column, req.tokens, req.mode, projection=req.projection),
         )
 
     @app.post("/tables/{name}/search/exact_match", tags=["search"])
     async def exact_match(
-        name: str, req: ExactMatchRequest, request: Request, p: Auth, version: Version = None, wait_for: WaitFor = None
+        name: str, req: ExactMatchRequest, request: Request, p: Auth, at: Snapshot, wait_for: WaitFor = None
     ) -> Response:
         return await gw.search(
             request,
             p,
             name,
             "exact_match",
-            version,
+            at,
             wait_for,
             lambda t: t.exact_match(req.column, req.value, projection=req.projection),
         )
 
     @app.post("/tables/{name}/search/vector", tags=["search"])
     async def vector(
-        name: str, req: VectorRequest, request: Request, p: Auth, version: Version = None, wait_for: WaitFor = None
+        name: str, req: VectorRequest, request: Request, p: Auth, at: Snapshot, wait_for: WaitFor = None
     ) -> Response:
         return await gw.search(
             request,
             p,
             name,
             "vector",
-            version,
+            at,
             wait_for,
             lambda t: t.vector_search(
                 req.column,
@@ -626,30 +728,55 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
 
     @app.post("/tables/{name}/search/hybrid", tags=["search"])
     def hybrid(name: str, req: HybridRequest, request: Request, p: Auth, wait_for: WaitFor = None) -> Response:
-        return gw.query(request, p, name, "hybrid", None, wait_for, lambda t: gw.hybrid(p, t, req))
+        return gw.query(request, p, name, "hybrid", LATEST, wait_for, lambda t: gw.hybrid(p, t, req))
 
     @app.post("/tables/{name}/scan", tags=["reads"])
     def scan(
-        name: str, req: ScanRequest, request: Request, p: Auth, version: Version = None, wait_for: WaitFor = None
+        name: str, req: ScanRequest, request: Request, p: Auth, at: Snapshot, wait_for: WaitFor = None
     ) -> Response:
         return gw.query(
-            request, p, name, "scan", version, wait_for, lambda t: t.to_arrow(columns=req.columns, where=req.where)
+            request, p, name, "scan", at, wait_for, lambda t: t.to_arrow(columns=req.columns, where=req.where)
         )
 
     @app.post("/tables/{name}/count", tags=["reads"])
-    def count(
-        name: str, req: CountRequest, p: Auth, version: Version = None, wait_for: WaitFor = None
-    ) -> dict[str, int]:
-        p.require(name, "r")
-        start = time.perf_counter()
-        try:
-            with gw.using(name):
-                table = gw.table(name, version)
-                if wait_for is not None:
-                    gw.wait_for(table, wait_for)
-                return {"count": table.count_rows(req.where)}
-        finally:
-            gw.query_seconds.record(time.perf_counter() - start, {"kind": "count"})
+    def count(name: str, req: CountRequest, p: Auth, at: Snapshot, wait_for: WaitFor = None) -> dict[str, int]:
+        return {"count": gw.read(p, name, "count", at, wait_for, lambda t: t.count_rows(req.where))}
+
+    @app.get("/tables/{name}/changes", tags=["reads"])
+    def changes(
+        name: str,
+        request: Request,
+        p: Auth,
+        from_version: Annotated[int, Query(alias="from", description="the version the changes start after")],
+        to_version: Annotated[
+            int | None, Query(alias="to", description="the version they end at (default: latest)")
+        ] = None,
+        columns: Annotated[
+            str | None,
+            Query(description="comma-separated columns besides _change and _id (default: all; empty: none)"),
+        ] = None,
+        wait_for: WaitFor = None,
+    ) -> Response:
+        """Rows inserted and deleted between two retained versions: ``_change`` ("insert"/"delete"), ``_id``,
+        then the columns; an update shows as a delete and an insert of the same ``_id``."""
+        wanted = None if columns is None else [c for c in columns.split(",") if c]
+        return gw.query(
+            request, p, name, "changes", LATEST, wait_for, lambda t: t.changes(from_version, to_version, columns=wanted)
+        )
+
+    # -- maintenance ------------------------------------------------------------------
+    @app.post("/tables/{name}/optimize", tags=["maintenance"])
+    def optimize(name: str, p: Auth, req: Annotated[OptimizeRequest | None, Body()] = None) -> dict[str, Any]:
+        """Compaction (``Supertable.optimize``), run by the gateway in both modes: it is safe against
+        concurrent writers (a builder included) and leaves the table's contents and log offsets as they are."""
+        body = req or OptimizeRequest()
+        return gw.maintain(p, name, "optimize", lambda t: t.optimize(body.target_rows, target_bytes=body.target_bytes))
+
+    @app.post("/tables/{name}/cleanup", tags=["maintenance"])
+    def cleanup(name: str, p: Auth, req: Annotated[CleanupRequest | None, Body()] = None) -> dict[str, Any]:
+        """Garbage collection (``Supertable.cleanup``), run by the gateway in both modes; windows below
+        ``SUPERFILE_CLEANUP_MIN_AGE_S`` are refused."""
+        return gw.maintain(p, name, "cleanup", lambda t: gw.cleanup(t, req or CleanupRequest()))
 
     @app.post("/sql", tags=["reads"])
     def sql(req: SqlRequest, request: Request, p: Auth) -> Response:

@@ -8,13 +8,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "Bm25Request",
+    "CleanupRequest",
     "CountRequest",
     "CreateTableRequest",
     "DeleteRequest",
     "ExactMatchRequest",
     "HybridRequest",
+    "OptimizeRequest",
     "PartitionModel",
     "PrefixRequest",
+    "RestoreRequest",
     "ScanRequest",
     "SqlRequest",
     "TokenMatchRequest",
@@ -122,3 +125,23 @@ class DeleteRequest(_Body):
 
 class SqlRequest(_Body):
     query: str
+
+
+class OptimizeRequest(_Body):
+    """Compaction's target size: rows, or bytes (not both); neither means the table's ``max_rows_per_superfile``."""
+
+    target_rows: int | None = Field(default=None, strict=True)
+    target_bytes: int | None = Field(default=None, strict=True)
+
+
+class CleanupRequest(_Body):
+    """Garbage collection: keep what versions of the last ``older_than`` seconds need (default 7 days)."""
+
+    older_than: float | None = Field(
+        default=None, strict=True, description="retention window in seconds (default 604800: 7 days)"
+    )
+    dry_run: bool = Field(default=False, strict=True)
+
+
+class RestoreRequest(_Body):
+    version: int = Field(strict=True)

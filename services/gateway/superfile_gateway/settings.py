@@ -72,6 +72,9 @@ class Settings:
     topic_prefix: str = "superfile"
     max_body_bytes: int = 64 << 20
     wait_timeout_s: float = 30.0
+    # cleanup(older_than=...) below this is refused: an in-flight commit's files are unreferenced until it
+    # publishes and only their age protects them, so a window shorter than any commit could delete them.
+    cleanup_min_age_s: float = 3600.0
     host: str = "127.0.0.1"
     port: int = 8000
 
@@ -87,6 +90,8 @@ class Settings:
             raise ConfigError(f"max_body_bytes must be positive, got {self.max_body_bytes}")
         if not self.wait_timeout_s > 0:
             raise ConfigError(f"wait_timeout_s must be positive, got {self.wait_timeout_s}")
+        if not self.cleanup_min_age_s >= 0:
+            raise ConfigError(f"cleanup_min_age_s must be non-negative, got {self.cleanup_min_age_s}")
 
     @property
     def mode(self) -> str:
@@ -96,7 +101,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """``SUPERFILE_STORAGE`` (required), ``SUPERFILE_API_KEYS``, ``SUPERFILE_NO_AUTH``, ``SUPERFILE_KAFKA``,
         ``SUPERFILE_TOPIC_PREFIX``, ``SUPERFILE_MAX_BODY_BYTES``, ``SUPERFILE_WAIT_TIMEOUT_S``,
-        ``SUPERFILE_HOST``, ``SUPERFILE_PORT``."""
+        ``SUPERFILE_CLEANUP_MIN_AGE_S``, ``SUPERFILE_HOST``, ``SUPERFILE_PORT``."""
         e = os.environ if env is None else env
         try:
             return cls(
@@ -107,6 +112,7 @@ class Settings:
                 topic_prefix=e.get("SUPERFILE_TOPIC_PREFIX", "superfile"),
                 max_body_bytes=int(e.get("SUPERFILE_MAX_BODY_BYTES", 64 << 20)),
                 wait_timeout_s=float(e.get("SUPERFILE_WAIT_TIMEOUT_S", 30.0)),
+                cleanup_min_age_s=float(e.get("SUPERFILE_CLEANUP_MIN_AGE_S", 3600.0)),
                 host=e.get("SUPERFILE_HOST", "127.0.0.1"),
                 port=int(e.get("SUPERFILE_PORT", 8000)),
             )

@@ -52,6 +52,9 @@ class WritePath(Protocol):
 
     def update(self, table: Supertable, where: str, data: Any, *, wait: bool) -> WriteResult: ...
 
+    def restore(self, table: Supertable, version: int, *, wait: bool) -> WriteResult:
+        """Publish a retained version's contents as the newest version (ordered with the other writes)."""
+
     def ready(self) -> bool: ...
 
     def close(self) -> None: ...
@@ -73,6 +76,9 @@ class EmbeddedWrites:
 
     def update(self, table: Supertable, where: str, data: Any, *, wait: bool) -> WriteResult:
         return WriteResult(table.update(where, data))
+
+    def restore(self, table: Supertable, version: int, *, wait: bool) -> WriteResult:
+        return WriteResult(table.restore(version))
 
     def ready(self) -> bool:
         return True
@@ -111,6 +117,9 @@ class LogWrites:
     builder's per-source high-water mark never skips an event; a send the
     producer retries carries the same (source, seq) and cannot apply twice.
     Input is validated against the table's schema before anything is sent.
+    A restore is an event too (the builder stays the only writer of the
+    table's contents, and the restore keeps its place among the other writes);
+    its version must be retained when it is sent.
     """
 
     mode = "suite"
@@ -130,17 +139,16 @@ class LogWrites:
         with self._guard:
             return self._locks.setdefault(table, threading.Lock())
 
-    def _publish(
-        self, table: Supertable, events: list[tuple[Op, pa.Table | None, str | None, str | None]], wait: bool
-    ) -> WriteResult:
+    def _publish(self, table: Supertable, op: Op, events: list[dict[str, Any]], wait: bool) -> WriteResult:
+        """Send events (``Event`` fields besides op, table, source and seq) in order; one position per call."""
         with self._lock(table.name):
             position: Position | None = None
-            for op, data, where, key in events:
+            for fields in events:
                 with self._guard:
                     self._seq += 1
                     seq = self._seq
                 try:
-                    position = self.log.publish(Event(op, table.name, self.source, (seq,), data, where, key))
+                    position = self.log.publish(Event(op, table.name, self.source, (seq,), **fields))
                 except KafkaError as e:
                     raise StorageError(f"the event log did not acknowledge the {op}: {e}") from None
         assert position is not None
@@ -158,11 +166,12 @@ class LogWrites:
             keys = [idempotency_key] if len(chunks) == 1 else [f"{idempotency_key}#{i}" for i in range(len(chunks))]
             for key in keys:
                 check_key(key)
-        return self._publish(table, [("append", c, None, k) for c, k in zip(chunks, keys, strict=True)], wait)
+        events = [{"data": c, "idempotency_key": k} for c, k in zip(chunks, keys, strict=True)]
+        return self._publish(table, "append", events, wait)
 
     def delete(self, table: Supertable, where: str, *, wait: bool) -> WriteResult:
         parse_predicate(where, table.schema)
-        return self._publish(table, [("delete", None, where, None)], wait)
+        return self._publish(table, "delete", [{"where": where}], wait)
 
     def update(self, table: Supertable, where: str, data: Any, *, wait: bool) -> WriteResult:
         parse_predicate(where, table.schema)
@@ -173,7 +182,11 @@ class LogWrites:
                 f"these are {rows.nbytes}: update fewer rows per request"
             )
         # One event: an update's replacement rows must stay together (they match the predicate's rows 1:1).
-        return self._publish(table, [("update", rows, where, None)], wait)
+        return self._publish(table, "update", [{"data": rows, "where": where}], wait)
+
+    def restore(self, table: Supertable, version: int, *, wait: bool) -> WriteResult:
+        table.checkout(version)  # VersionNotFoundError (404) now, rather than a skipped event later
+        return self._publish(table, "restore", [{"version": version}], wait)
 
     def ready(self) -> bool:
         """Some bootstrap broker accepts a connection (within a second)."""

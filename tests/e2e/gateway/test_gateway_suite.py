@@ -179,3 +179,40 @@ def test_wait_for_positions(suite: BackgroundServer, kafka: Server) -> None:
         # Without an applier the bounded wait surfaces as a typed error.
         with pytest.raises(VisibilityTimeoutError):
             table.append(rows(range(6, 7)))
+
+
+def test_restore_is_an_event_and_maintenance_runs_in_the_gateway(suite: BackgroundServer, kafka: Server) -> None:
+    name = "maintenance"
+    topic = topic_for(name, PREFIX)
+    storage = suite.settings.storage
+    with httpx.Client(base_url=suite.url, timeout=30) as http:
+        _create(http, name)
+        for start in (0, 3):
+            http.post(f"/tables/{name}/append", params={"wait": "false"}, json=rows(range(start, start + 3)))
+            _apply(storage, name, kafka.url, topic, start // 3, 1)  # versions 2 and 3, one superfile each
+        table = superfile.Connection(storage).open_table(name)
+        offsets = table.properties[LOG_PROPERTY]
+        assert offsets == {topic: 2} and table.stats()["superfile_count"] == 2
+        # A restore is validated here (a version that is not retained is a 404, and nothing is published) ...
+        missing = http.post(f"/tables/{name}/restore", params={"wait": "false"}, json={"version": 9})
+        assert error_of(missing) == (404, "VersionNotFoundError")
+        assert _end_offset(kafka.url, topic) == 2
+        # ... then published as an event for the builder, in log order with the other writes.
+        restored = http.post(f"/tables/{name}/restore", params={"wait": "false"}, json={"version": 2})
+        assert restored.json() == {"version": None, "position": f"{topic}@2"}
+        assert table.count_rows() == 6 and table.version == 3  # not applied by the gateway
+        # Compaction and cleanup run here, against storage, and leave the builder's log offsets as they are.
+        optimized = http.post(f"/tables/{name}/optimize", json={})
+        assert optimized.status_code == 200 and optimized.json()["superfiles_removed"] == 2
+        assert table.stats()["superfile_count"] == 1 and table.count_rows() == 6
+        assert table.properties[LOG_PROPERTY] == offsets
+        assert error_of(http.post(f"/tables/{name}/cleanup", json={"older_than": 0})) == (400, "InvalidOptionError")
+        assert http.post(f"/tables/{name}/cleanup", json={"older_than": 7200}).json()["files_removed"] == 0
+    with superfile.connect(suite.url) as db:
+        assert db.open_table(name).restore(3, wait=False) is None
+    events = [e for _, e in _records(kafka.url, topic, 2, 2)]
+    assert [(e.op, e.version, e.data, e.where) for e in events] == [
+        ("restore", 2, None, None),
+        ("restore", 3, None, None),
+    ]
+    assert events[0].seq < events[1].seq

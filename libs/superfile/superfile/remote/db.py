@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -19,7 +21,19 @@ from superfile.remote.table import RemoteTable
 from superfile.remote.wire import ARROW_STREAM, from_ipc, schema_from_b64, schema_to_b64
 from superfile.schema import to_arrow_table
 
-__all__ = ["RemoteConnection"]
+__all__ = ["RemoteConnection", "as_of_ms"]
+
+
+def as_of_ms(as_of: datetime.datetime | int | float) -> int:
+    """A point in time as epoch milliseconds, read as the engine reads it (a naive datetime is UTC), so a
+    remote ``as_of`` names the same version as an embedded one."""
+    if isinstance(as_of, datetime.datetime):
+        if as_of.tzinfo is None:
+            as_of = as_of.replace(tzinfo=datetime.UTC)
+        return int(as_of.timestamp() * 1000)
+    if isinstance(as_of, int | float) and not isinstance(as_of, bool) and math.isfinite(as_of):
+        return int(as_of)
+    raise InvalidInputError(f"as_of must be a datetime or epoch milliseconds, got {as_of!r}")
 
 
 def _error(response: httpx.Response) -> SuperfileError:
@@ -105,8 +119,12 @@ class RemoteConnection:
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._request(method, path, **kwargs).json()
 
-    def _arrow(self, path: str, body: Mapping[str, Any], params: Mapping[str, Any] | None = None) -> pa.Table:
-        response = self._request("POST", path, json=body, params=params)
+    def _arrow(self, path: str, body: Mapping[str, Any] | None, params: Mapping[str, Any] | None = None) -> pa.Table:
+        """Rows as an Arrow stream: POST ``body`` as JSON, or GET when there is no body."""
+        if body is None:
+            response = self._request("GET", path, params=params)
+        else:
+            response = self._request("POST", path, json=body, params=params)
         if not response.headers.get("content-type", "").startswith(ARROW_STREAM):
             raise GatewayError(f"expected an Arrow stream from {path}, got {response.headers.get('content-type')}", 502)
         return from_ipc(response.content)
@@ -164,16 +182,32 @@ class RemoteConnection:
             table.append(data)
         return table
 
-    def open_table(self, name: str, version: int | None = None, *, consistency: str | None = None) -> RemoteTable:
-        """A handle on a table at its latest version, or read-only at an earlier ``version``.
+    def open_table(
+        self,
+        name: str,
+        version: int | None = None,
+        *,
+        as_of: datetime.datetime | int | float | None = None,
+        consistency: str | None = None,
+    ) -> RemoteTable:
+        """A handle on a table at its latest version, or read-only at an earlier ``version`` or at the version
+        that was current at ``as_of`` (a datetime, naive meaning UTC, or epoch milliseconds; the gateway
+        resolves it once, and the handle then stays on that version).
 
         ``consistency`` is not taken: the gateway reads with the table's own
         policy, and ``wait_for`` positions give read-your-writes.
         """
         if consistency is not None:
             raise InvalidOptionError("a remote table reads with the table's own consistency policy; omit consistency")
-        params = {} if version is None else {"version": version}
-        return self._remote_table(self._json("GET", f"/tables/{check_name(name)}", params=params), version)
+        if version is not None and as_of is not None:
+            raise InvalidOptionError("give exactly one of version and as_of")
+        params: dict[str, Any] = {}
+        if version is not None:
+            params["version"] = version
+        if as_of is not None:
+            params["as_of"] = as_of_ms(as_of)
+        info = self._json("GET", f"/tables/{check_name(name)}", params=params)
+        return self._remote_table(info, int(info["version"]) if params else None)
 
     def drop_table(self, name: str) -> None:
         self._request("DELETE", f"/tables/{check_name(name)}")

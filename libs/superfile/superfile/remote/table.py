@@ -10,6 +10,7 @@ paying for the wait.
 
 from __future__ import annotations
 
+import datetime
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -17,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from superfile.errors import InvalidVectorError, ReadOnlyTableError
+from superfile.errors import InvalidOptionError, InvalidVectorError, ReadOnlyTableError
 from superfile.options import TableOptions
 from superfile.remote.wire import ARROW_STREAM, to_ipc
 from superfile.schema import to_arrow_table, user_schema
+from superfile.table.cleanup import DEFAULT_RETENTION
 
 if TYPE_CHECKING:
     from superfile.remote.db import RemoteConnection
@@ -70,11 +72,14 @@ class RemoteTable:
         self._seen(position)
         return result
 
-    def _write(self, op: str, wait: bool, params: Mapping[str, str] | None = None, **kwargs: Any) -> int | None:
+    def _writable(self) -> None:
         if self._pinned is not None:
             raise ReadOnlyTableError(
                 f"table {self.name!r} is open at version {self._pinned}; open it without a version to write"
             )
+
+    def _write(self, op: str, wait: bool, params: Mapping[str, str] | None = None, **kwargs: Any) -> int | None:
+        self._writable()
         result = self._conn._json(
             "POST", f"{self._path}/{op}", params={"wait": str(wait).lower(), **(params or {})}, **kwargs
         )
@@ -112,11 +117,38 @@ class RemoteTable:
         return dict(self._conn._json("GET", f"{self._path}/stats", params=params))
 
     def versions(self) -> list[dict[str, Any]]:
-        return list(self._conn._json("GET", f"{self._path}/versions")["versions"])
+        """Every retained version (up to this handle's, if it is on a past one): number, time, operation, rows."""
+        params = {"version": self._pinned} if self._pinned is not None else {}
+        return list(self._conn._json("GET", f"{self._path}/versions", params=params)["versions"])
 
-    def checkout(self, version: int) -> RemoteTable:
-        """A read-only handle on an earlier version (while it is retained)."""
-        return self._conn.open_table(self.name, version)
+    def checkout(
+        self, version: int | None = None, *, as_of: datetime.datetime | int | float | None = None
+    ) -> RemoteTable:
+        """A read-only handle on an earlier version (while it is retained), or on the version that was
+        current at ``as_of`` (a datetime, naive meaning UTC, or epoch milliseconds)."""
+        if (version is None) == (as_of is None):
+            raise InvalidOptionError("give exactly one of version and as_of")
+        return self._conn.open_table(self.name, version, as_of=as_of)
+
+    def changes(
+        self, from_version: int, to_version: int | None = None, *, columns: list[str] | None = None
+    ) -> pa.Table:
+        """Rows inserted and deleted between two retained versions (default to: the latest, or this handle's
+        version), with ``_change`` ("insert"/"delete") and ``_id``; an update shows as both."""
+        params: dict[str, Any] = {"from": from_version}
+        position = None
+        if self._pinned is not None:
+            params["to"] = self._pinned if to_version is None else to_version
+        else:
+            read, position = self._read_params()
+            params.update(read)
+            if to_version is not None:
+                params["to"] = to_version
+        if columns is not None:
+            params["columns"] = ",".join(columns)
+        result = self._conn._arrow(f"{self._path}/changes", None, params)
+        self._seen(position)
+        return result
 
     # -- reads ----------------------------------------------------------------------------
     def to_arrow(self, columns: list[str] | None = None, where: str | None = None) -> pa.Table:
@@ -216,6 +248,33 @@ class RemoteTable:
             headers={"content-type": ARROW_STREAM},
             params={"where": where},
         )
+
+    def restore(self, version: int, *, wait: bool = True) -> int | None:
+        """Publish a retained version's contents as the newest version; returns that version (see ``append``
+        for ``wait``; in suite mode the builder applies it in log order)."""
+        return self._write("restore", wait, json={"version": version})
+
+    # -- maintenance ----------------------------------------------------------------------
+    def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]:
+        """Compact: merge small superfiles per partition into ones of about ``target_rows`` rows (or sized from
+        ``target_bytes``) and drop deleted rows; the gateway runs it. Returns counts and the version published."""
+        self._writable()
+        body = {"target_rows": target_rows, "target_bytes": target_bytes}
+        return dict(self._conn._json("POST", f"{self._path}/optimize", json=body))
+
+    def cleanup(
+        self, older_than: datetime.timedelta | float = DEFAULT_RETENTION, *, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Delete files no version of the last ``older_than`` (a timedelta or seconds) needs; returns files and
+        bytes removed. The gateway may refuse windows below its minimum (``SUPERFILE_CLEANUP_MIN_AGE_S``)."""
+        if isinstance(older_than, datetime.timedelta):
+            seconds: Any = older_than.total_seconds()
+        elif isinstance(older_than, int | float) and not isinstance(older_than, bool):
+            seconds = older_than
+        else:
+            raise InvalidOptionError(f"older_than must be a non-negative timedelta or seconds, got {older_than!r}")
+        body = {"older_than": seconds, "dry_run": dry_run}
+        return dict(self._conn._json("POST", f"{self._path}/cleanup", json=body))
 
     def __repr__(self) -> str:
         at = f", version={self._pinned}" if self._pinned is not None else ""
