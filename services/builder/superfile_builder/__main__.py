@@ -23,6 +23,7 @@ import redis
 import superfile
 from superfile.telemetry import CONTENT_TYPE, render
 
+from superfile_builder.compactor import CompactionPolicy
 from superfile_builder.lease import LeaseKeeper
 from superfile_builder.metrics import BuilderMetrics
 from superfile_builder.pipeline import PipelineConfig, TablePipeline
@@ -118,6 +119,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--commit-rows", type=int, default=100_000, help="commit once this many rows are staged")
     p.add_argument("--commit-bytes", type=int, default=256 << 20, help="commit once this many record bytes are staged")
     p.add_argument("--freshness-ms", type=int, default=1000, help="commit a batch at most this long after its start")
+    p.add_argument(
+        "--compact-small-files",
+        type=int,
+        default=16,
+        help="compact a table once a partition holds more superfiles below half the target size (0: never)",
+    )
+    p.add_argument(
+        "--compact-target-rows", type=int, help="rows per compacted superfile (default: the table's maximum)"
+    )
     p.add_argument("--lease-ms", type=int, default=5000, help="lease ttl: a dead builder's tables wait this long")
     p.add_argument("--rescan-ms", type=int, default=5000, help="how often storage is listed for new tables")
     p.add_argument("--topic-prefix", default="superfile")
@@ -129,6 +139,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if args.lease_ms < 100:
         p.error("--lease-ms must be at least 100")
+    if args.compact_small_files < 0:
+        p.error("--compact-small-files must be 0 (off) or positive")
+    if args.compact_target_rows is not None and args.compact_target_rows < 1:
+        p.error("--compact-target-rows must be positive")
     return args
 
 
@@ -141,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         commit_bytes=args.commit_bytes,
         freshness_ms=args.freshness_ms,
         topic_prefix=args.topic_prefix,
+        compaction=CompactionPolicy(args.compact_small_files, args.compact_target_rows),
     )
     builder = Builder(
         args.storage, config, args.redis, tables=args.tables, lease_ms=args.lease_ms, rescan_ms=args.rescan_ms

@@ -18,6 +18,16 @@ happens here, per event, after the commit in flight has landed.
 An event the engine rejects (schema mismatch, bad predicate, an update whose
 replacement rows do not match the row count) is skipped as ``rejected``: the
 engine validates before it stages anything, so the transaction is unchanged.
+
+A restore cannot join a transaction (``Supertable.restore`` is its own
+commit). The pipeline starts a new batch at a restore, so the restore runs
+first in its batch, once the commit before it has landed and the publisher's
+fencing check has passed against the table's current properties; the events
+after it are staged on top of the restored contents. The restore keeps the
+commit properties, so the table still records the batch's start offset: a
+builder that dies before the batch commits re-reads the restore and repeats
+it, which changes nothing (the contents already are that version's). A
+restore of a version no longer retained is ``rejected``.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import time
 from collections.abc import Callable
 
 import pyarrow as pa
-from superfile.errors import InvalidInputError
+from superfile.errors import InvalidInputError, VersionNotFoundError
 from superfile.events import Event
 from superfile.manifest.model import ManifestList
 from superfile.schema import coerce
@@ -52,11 +62,13 @@ class Batch:
         precondition: Callable[[ManifestList], None] | None = None,
         *,
         ready: Callable[[], None] | None = None,
+        guard: Callable[[], None] | None = None,
     ) -> None:
         self.table = table
         self.start = start
         self._precondition = precondition
         self._ready = ready  # called before the table is consulted (the batch before must be in it by then)
+        self._guard = guard  # raises if this builder may no longer write the table (before a restore)
         self.end = start  # next offset to consume: the log_offsets this batch commits
         self.rows = 0  # rows staged by appends and updates
         self.nbytes = 0  # record bytes consumed
@@ -70,6 +82,11 @@ class Batch:
     @property
     def empty(self) -> bool:
         return self.end == self.start
+
+    @property
+    def staged(self) -> bool:
+        """Whether a commit of this batch would write something besides the log position."""
+        return self._tx is not None or bool(self._pending)
 
     def transaction(self) -> Transaction:
         """The transaction (opened on the latest snapshot at the first event, or now), with everything staged."""
@@ -100,6 +117,8 @@ class Batch:
         return reason
 
     def _apply(self, event: Event) -> str | None:
+        if event.op == "restore":
+            return self._restore(event)
         if event.op == "append":
             assert event.data is not None
             rows = coerce(event.data, self.table.schema, self.table.options)
@@ -122,6 +141,20 @@ class Batch:
             assert event.data is not None
             self.transaction().update(event.where, event.data)
             self.rows += event.data.num_rows
+        return None
+
+    def _restore(self, event: Event) -> str | None:
+        assert event.version is not None
+        if self.staged:
+            raise ValueError(f"a restore must come first in its batch (offset {self.start})")
+        self._await_previous()
+        if self._guard is not None:
+            self._guard()
+        try:
+            self.table.restore(event.version)
+        except VersionNotFoundError as exc:
+            log.error("table %s: rejecting a restore: %s", self.table.name, exc)
+            return REJECTED
         return None
 
     def _await_previous(self) -> None:

@@ -3,7 +3,8 @@
 Exported names (Prometheus adds ``_total`` to counters and the unit suffix):
 ``superfile_builder_rows_applied``, ``..._events_applied``, ``..._records_skipped``
 (label ``reason``), ``..._errors`` (label ``kind``), ``..._commits``,
-``..._commit_seconds`` (histogram), and per-table gauges ``..._lag_records``
+``..._commit_seconds`` (histogram), ``..._compactions``, ``..._compaction_seconds`` (histogram),
+``..._superfiles_compacted`` (superfiles a compaction replaced), and per-table gauges ``..._lag_records``
 (log end offset minus applied offset), ``..._applied_offset``,
 ``..._consumed_offset`` (next offset to read: staged but uncommitted records lie between the two),
 ``..._superfiles``, ``..._table_bytes`` and ``..._lease_held`` (1 while this
@@ -48,6 +49,13 @@ class BuilderMetrics:
         self.commits = m.create_counter("superfile_builder_commits", description="manifest commits published")
         self.commit_seconds = seconds_histogram(
             m, "superfile_builder_commit_seconds", "time to build and publish one batch's commit"
+        )
+        self.compactions = m.create_counter("superfile_builder_compactions", description="compactions published")
+        self.compaction_seconds = seconds_histogram(
+            m, "superfile_builder_compaction_seconds", "time to rewrite and publish one compaction"
+        )
+        self.superfiles_compacted = m.create_counter(
+            "superfile_builder_superfiles_compacted", description="superfiles replaced by compactions"
         )
         self._tables: dict[str, TableGauges] = {}
         self._lock = threading.Lock()

@@ -11,9 +11,15 @@ first record is ``freshness_ms`` old, whichever comes first.
 Commits run on a second thread so the next batch accumulates meanwhile (an
 event then waits at most the freshness bound plus one commit, not two).
 Commits stay strictly sequential: a batch is submitted only after the one
-before it is published, and a batch that needs the table state (a delete or
-an update) waits for the commit in flight first. When a commit fails, the
-batch accumulating behind it is dropped too and the pipeline resumes.
+before it is published, and a batch that needs the table state (a delete, an
+update or a restore) waits for the commit in flight first. A restore starts
+a new batch (``indexer.py``). When a commit fails, the batch accumulating
+behind it is dropped too and the pipeline resumes.
+
+After a commit, the same thread compacts the table when the compaction
+policy says so (``compactor.py``); the next commit waits for it. A failed
+compaction is logged and counted, and changes nothing: the policy asks again
+after the next commit.
 
 If the table is dropped, the pipeline stops (releasing the lease); events
 left in the topic are not applied anywhere. The supervisor starts a new
@@ -26,14 +32,16 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from superfile.connection import Connection
-from superfile.errors import TableNotFoundError
+from superfile.errors import SuperfileError, TableNotFoundError
 from superfile.events import LOG_PROPERTY, SOURCES_PROPERTY, topic_for
+from superfile.manifest.model import SuperfileEntry
 from superfile.table import Supertable
 
+from superfile_builder.compactor import CompactionPolicy
 from superfile_builder.indexer import REJECTED, Batch
 from superfile_builder.lease import Lease
 from superfile_builder.metrics import BuilderMetrics
@@ -59,6 +67,7 @@ class PipelineConfig:
     freshness_ms: int = 1000
     topic_prefix: str = "superfile"
     retry_s: float = 1.0  # pause after a failed commit before resuming
+    compaction: CompactionPolicy = field(default_factory=CompactionPolicy)
 
 
 class TablePipeline(threading.Thread):
@@ -189,10 +198,13 @@ class TablePipeline(threading.Thread):
                 break  # anything not yet taken is re-read by whoever resumes from the manifest
             if self._batch is None:
                 assert self._table is not None
-                self._batch = Batch(
-                    self._table, self._next, self.publisher.precondition(self._next), ready=self._await_commit
-                )
-            reason = self._batch.add(self.processor.process(record))
+                self._batch = self._new_batch(self._table)
+            processed = self.processor.process(record)
+            if processed.event is not None and processed.event.op == "restore" and self._batch.staged:
+                self._commit()  # a restore starts its own batch: what came before it commits first
+                assert self._table is not None
+                self._batch = self._new_batch(self._table)
+            reason = self._batch.add(processed)
             self._next = self.gauges.consumed_offset = self._batch.end
             if reason is not None:
                 self.metrics.records_skipped.add(1, {**self.labels, "reason": reason})
@@ -208,6 +220,15 @@ class TablePipeline(threading.Thread):
         ):
             self._commit()
         self.gauges.end_offset = source.end_offset()
+
+    def _new_batch(self, table: Supertable) -> Batch:
+        return Batch(
+            table,
+            self._next,
+            self.publisher.precondition(self._next),
+            ready=self._await_commit,
+            guard=self.publisher.guard(lambda: table.properties, self._next),
+        )
 
     def _commit(self) -> None:
         """Hand the batch to the publisher thread (after the commit before it) and start a new one."""
@@ -225,13 +246,41 @@ class TablePipeline(threading.Thread):
         self.metrics.rows_applied.add(batch.rows, self.labels)
         self.metrics.events_applied.add(batch.events, self.labels)
         self.gauges.applied_offset = batch.end
-        self._update_footprint()
+        entries = self._update_footprint()
         log.debug("table %s: committed offsets %d..%d (%d rows)", self.table_name, batch.start, batch.end, batch.rows)
+        table = batch.table
+        if self.config.compaction.due(entries, table.options.max_rows_per_superfile) and self.lease.valid():
+            self._compact(table)
 
-    def _update_footprint(self) -> None:
-        """Superfile count and bytes of the snapshot this handle last saw (manifest parts only, mostly cached)."""
-        if self._table is None:
+    def _compact(self, table: Supertable) -> None:
+        """Run ``optimize()`` (see ``compactor.py``); a failure leaves the table as it was and is only counted."""
+        started = time.perf_counter()
+        try:
+            result = table.optimize(self.config.compaction.target_rows)
+        except TableNotFoundError:
+            raise
+        except SuperfileError as exc:  # contention with another rewrite, storage: the next commit asks again
+            log.warning("table %s: compaction failed: %s", self.table_name, exc)
+            self.metrics.errors.add(1, {**self.labels, "kind": "compaction"})
             return
+        self.metrics.compaction_seconds.record(time.perf_counter() - started, self.labels)
+        self.metrics.compactions.add(1, self.labels)
+        self.metrics.superfiles_compacted.add(result["superfiles_removed"], self.labels)
+        self._update_footprint()
+        log.info(
+            "table %s: compacted %d superfiles into %d (version %d)",
+            self.table_name,
+            result["superfiles_removed"],
+            result["superfiles_added"],
+            result["version"],
+        )
+
+    def _update_footprint(self) -> list[SuperfileEntry]:
+        """Superfile count and bytes of the snapshot this handle last saw (manifest parts only, mostly cached);
+        returns its superfiles."""
+        if self._table is None:
+            return []
         entries = self._table._snapshot.entries()  # the handle's snapshot: our own last commit, no extra reads
         self.gauges.superfiles = len(entries)
         self.gauges.table_bytes = sum(e.size for e in entries)
+        return entries

@@ -34,9 +34,9 @@ class FencedError(ContentionError):
     """The table moved on under this batch (another builder committed, or the lease was lost): nothing committed."""
 
 
-def applied_offset(manifest: ManifestList, topic: str) -> int:
-    """The next offset of ``topic`` the manifest has not applied."""
-    return int(manifest.properties.get(LOG_PROPERTY, {}).get(topic, 0))
+def applied_offset(properties: Mapping[str, Any], topic: str) -> int:
+    """The next offset of ``topic`` a manifest with these commit properties has not applied."""
+    return int(properties.get(LOG_PROPERTY, {}).get(topic, 0))
 
 
 class Publisher:
@@ -54,20 +54,25 @@ class Publisher:
     def precondition(self, start: int) -> Callable[[ManifestList], None]:
         """The check a batch starting at offset ``start`` commits under (given to its transaction)."""
         fence = self.lease.fence
+        return lambda base: self._check(base.properties, start, fence)
 
-        def check(base: ManifestList) -> None:
-            applied = applied_offset(base, self.topic)
-            if applied != start:
-                raise FencedError(
-                    f"{self.topic}: the table has applied up to offset {applied}, this batch starts at {start}"
-                )
-            committed_fence = int(base.properties.get(FENCE_PROPERTY, {}).get(self.topic, 0))
-            if committed_fence > fence:
-                raise FencedError(f"{self.topic}: fence {committed_fence} committed, this builder holds {fence}")
-            if not self.lease.valid():
-                raise FencedError(f"{self.topic}: the lease on table {self.lease.table!r} is no longer held")
+    def guard(self, properties: Callable[[], Mapping[str, Any]], start: int) -> Callable[[], None]:
+        """The same check against the table's current properties, for a write that cannot carry a
+        precondition (a restore): run just before it, it narrows a zombie's window to that one call."""
+        fence = self.lease.fence
+        return lambda: self._check(properties(), start, fence)
 
-        return check
+    def _check(self, properties: Mapping[str, Any], start: int, fence: int) -> None:
+        applied = applied_offset(properties, self.topic)
+        if applied != start:
+            raise FencedError(
+                f"{self.topic}: the table has applied up to offset {applied}, this batch starts at {start}"
+            )
+        committed_fence = int(properties.get(FENCE_PROPERTY, {}).get(self.topic, 0))
+        if committed_fence > fence:
+            raise FencedError(f"{self.topic}: fence {committed_fence} committed, this builder holds {fence}")
+        if not self.lease.valid():
+            raise FencedError(f"{self.topic}: the lease on table {self.lease.table!r} is no longer held")
 
     def commit(self, batch: Batch, sources: dict[str, list[int]]) -> int:
         """Publish the batch with its log position; returns the new version. Raises FencedError."""
