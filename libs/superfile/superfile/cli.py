@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,10 +17,54 @@ import pyarrow.parquet as pq
 
 import superfile
 from superfile.errors import SuperfileError
+from superfile.remote.wire import json_default
 
 __all__ = ["main"]
 
 _SAMPLE = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield" / "docs.parquet"
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _connect(uri: str) -> Any:
+    """The catalog at ``uri``; a gateway (http/https) gets the API key from ``SUPERFILE_API_KEY``."""
+    if uri.startswith(("http://", "https://")):
+        return superfile.connect(uri, api_key=os.environ.get("SUPERFILE_API_KEY"))
+    return superfile.connect(uri)
+
+
+def _open(args: argparse.Namespace, **at: Any) -> Any:
+    return _connect(args.uri).open_table(args.table, **at)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, default=json_default))
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``3600``, ``90.5`` or a duration such as ``7d``, ``12h``, ``1h30m``."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"not seconds or a duration like 7d, 12h, 1h30m: {text!r}")
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def _point_in_time(text: str) -> datetime.datetime | int:
+    """Epoch milliseconds, or an ISO 8601 datetime (naive meaning UTC, as the engine reads it)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        return datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not epoch milliseconds or an ISO 8601 datetime: {text!r}") from None
+
+
+def _columns(text: str) -> list[str]:
+    return [c for c in text.split(",") if c]
 
 
 def _read(path: str) -> pa.Table:
@@ -90,7 +136,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_create(args: argparse.Namespace) -> None:
-    db = superfile.connect(args.uri)
+    db = _connect(args.uri)
     schema = (
         pq.read_schema(args.schema_from) if args.schema_from.endswith(".parquet") else _read(args.schema_from).schema
     )
@@ -105,38 +151,41 @@ def cmd_create(args: argparse.Namespace) -> None:
 
 
 def cmd_append(args: argparse.Namespace) -> None:
-    table = superfile.connect(args.uri).open_table(args.table)
-    _append_with_progress(table, _read(args.file), args.batch_rows)
-    print(f"version {table.version}")
+    table = _open(args)
+    data = _read(args.file)
+    if args.idempotency_key is None:
+        _append_with_progress(table, data, args.batch_rows)
+        print(f"version {table.version}")
+    else:  # one commit: a retried command adds all of the file or nothing, and the key names all of it
+        print(f"version {table.append(data, idempotency_key=args.idempotency_key)}")
 
 
 def cmd_stats(args: argparse.Namespace) -> None:
-    print(json.dumps(superfile.connect(args.uri).open_table(args.table).stats(), indent=2))
+    print(json.dumps(_open(args).stats(), indent=2))
 
 
 def cmd_tables(args: argparse.Namespace) -> None:
-    for name in superfile.connect(args.uri).table_names():
+    for name in _connect(args.uri).table_names():
         print(name)
 
 
 def cmd_drop(args: argparse.Namespace) -> None:
-    superfile.connect(args.uri).drop_table(args.table)
+    _connect(args.uri).drop_table(args.table)
     print(f"dropped {args.table}")
 
 
 def cmd_delete(args: argparse.Namespace) -> None:
-    table = superfile.connect(args.uri).open_table(args.table)
-    print(f"version {table.delete(args.where)}")
+    print(f"version {_open(args).delete(args.where)}")
 
 
 def cmd_scan(args: argparse.Namespace) -> None:
-    table = superfile.connect(args.uri).open_table(args.table, version=args.version)
+    table = _open(args, version=args.version, as_of=args.as_of)
     columns = args.columns.split(",") if args.columns else None
     _print_table(table.to_arrow(columns=columns, where=args.where).slice(0, args.limit))
 
 
 def cmd_search(args: argparse.Namespace) -> None:
-    table = superfile.connect(args.uri).open_table(args.table)
+    table = _open(args)
     projection = args.columns.split(",") if args.columns else None
     if args.kind == "bm25":
         result = table.bm25_search(args.column, args.query, k=args.k, mode=args.mode, projection=projection)
@@ -150,8 +199,30 @@ def cmd_search(args: argparse.Namespace) -> None:
 
 
 def cmd_versions(args: argparse.Namespace) -> None:
-    for v in superfile.connect(args.uri).open_table(args.table).versions():
+    for v in _open(args).versions():
         print(json.dumps(v))
+
+
+def cmd_optimize(args: argparse.Namespace) -> None:
+    _print_json(_open(args).optimize(args.target_rows, target_bytes=args.target_bytes))
+
+
+def cmd_cleanup(args: argparse.Namespace) -> None:
+    table = _open(args)
+    if args.older_than is None:
+        _print_json(table.cleanup(dry_run=args.dry_run))
+    else:
+        _print_json(table.cleanup(args.older_than, dry_run=args.dry_run))
+
+
+def cmd_restore(args: argparse.Namespace) -> None:
+    _print_json({"version": _open(args).restore(args.version)})
+
+
+def cmd_changes(args: argparse.Namespace) -> None:
+    """One JSON object per changed row: ``_change`` ("insert"/"delete"), ``_id``, then the columns."""
+    for row in _open(args).changes(args.from_version, args.to_version, columns=args.columns).to_pylist():
+        _print_json(row)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -209,6 +280,10 @@ def _parser() -> argparse.ArgumentParser:
     a = add("append", cmd_append, "append a Parquet or JSON-lines file")
     a.add_argument("file")
     a.add_argument("--batch-rows", type=int, default=100_000)
+    a.add_argument(
+        "--idempotency-key",
+        help="append the whole file as one commit recording this key; a repeated key adds nothing",
+    )
     add("stats", cmd_stats, "print table stats")
     add("tables", cmd_tables, "list tables", table=False)
     add("drop", cmd_drop, "drop a table")
@@ -218,7 +293,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--where")
     s.add_argument("--columns")
     s.add_argument("--limit", type=int, default=20)
-    s.add_argument("--version", type=int)
+    at = s.add_mutually_exclusive_group()
+    at.add_argument("--version", type=int, help="read this past version")
+    at.add_argument(
+        "--as-of", type=_point_in_time, help="read the version current at this time: epoch ms or ISO 8601 (UTC)"
+    )
     q = add("search", cmd_search, "full-text search a column")
     q.add_argument("column")
     q.add_argument("query")
@@ -226,7 +305,24 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--mode", choices=["any", "all"], default="any")
     q.add_argument("--k", type=int, default=10)
     q.add_argument("--columns", help="comma-separated projection (default: whole rows)")
-    add("versions", cmd_versions, "list versions")
+    add("versions", cmd_versions, "list retained versions (JSON lines)")
+    o = add("optimize", cmd_optimize, "compact small superfiles and drop deleted rows (prints JSON)")
+    size = o.add_mutually_exclusive_group()
+    size.add_argument("--target-rows", type=int, help="rows per output superfile (default: the table's maximum)")
+    size.add_argument("--target-bytes", type=int, help="size outputs to about this many bytes")
+    cl = add("cleanup", cmd_cleanup, "delete files no retained version needs (prints JSON)")
+    cl.add_argument(
+        "--older-than",
+        type=_duration,
+        help="keep versions of this window: seconds or 7d, 12h, 30m, 1h30m (default 7d)",
+    )
+    cl.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
+    r = add("restore", cmd_restore, "publish a retained version's contents as the newest version (prints JSON)")
+    r.add_argument("version", type=int)
+    ch = add("changes", cmd_changes, "rows inserted and deleted between two versions (JSON lines)")
+    ch.add_argument("from_version", type=int, metavar="FROM")
+    ch.add_argument("to_version", type=int, nargs="?", metavar="TO", help="default: the latest version")
+    ch.add_argument("--columns", type=_columns, help="comma-separated columns besides _change and _id")
     sv = add("serve", cmd_serve, "serve the tables over HTTP (REST gateway, embedded mode)", table=False)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
