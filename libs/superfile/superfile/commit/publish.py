@@ -5,6 +5,13 @@ named when it was read; if another commit swapped the pointer first, the
 change is re-applied on top of the new manifest (the superfiles are already
 built and uploaded, so a retry only rewrites metadata), with jittered backoff,
 up to ``max_attempts`` times.
+
+Re-applying is a rebase, not a blind replay. Deletes name rows by offset in a
+superfile *and* by ``_id``: when the superfile is gone from the newer manifest
+(an ``optimize`` rewrote it) or the row is no longer live there (a concurrent
+update moved it), ``Change.rebase`` finds the live row carrying that ``_id``
+and the delete applies to it. A rewrite (``optimize``) that finds rows newly
+deleted from its inputs moves those deletes onto its outputs (``Change.carry``).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pyroaring
 
 from superfile.errors import ContentionError, PreconditionFailedError, TableNotFoundError
@@ -38,10 +46,30 @@ class StaleSuperfileError(ContentionError):
 
 @dataclass
 class Deletion:
-    """Row offsets newly deleted from one superfile."""
+    """Rows newly deleted from one superfile: offsets, and the ``_id`` of each (so a rebase can follow a row
+    that a concurrent commit moved)."""
 
     entry: SuperfileEntry
-    rows: pyroaring.BitMap
+    rows: pyroaring.BitMap = field(default_factory=pyroaring.BitMap)
+    _offsets: list[np.ndarray] = field(default_factory=list, repr=False)
+    _ids: list[np.ndarray] = field(default_factory=list, repr=False)
+
+    def add(self, offsets: np.ndarray, ids: np.ndarray) -> None:
+        """Add rows (offsets not already in this deletion) with their ``_id``s."""
+        self.rows |= pyroaring.BitMap(np.asarray(offsets, np.uint32))
+        self._offsets.append(np.asarray(offsets, np.int64))
+        self._ids.append(np.asarray(ids, np.uint64))
+
+    def ids_of(self, rows: pyroaring.AbstractBitMap) -> np.ndarray:
+        """The ``_id``s of some of this deletion's rows."""
+        offsets = np.concatenate(self._offsets) if self._offsets else np.zeros(0, np.int64)
+        ids = np.concatenate(self._ids) if self._ids else np.zeros(0, np.uint64)
+        want = np.fromiter(rows, np.int64, len(rows))
+        order = np.argsort(offsets, kind="stable")
+        pos = np.searchsorted(offsets[order], want)
+        if len(want) and (pos.max() >= len(offsets) or not np.array_equal(offsets[order][pos], want)):
+            raise ValueError("rows without a recorded _id")  # a caller bug: every row is added with its _id
+        return ids[order[pos]]
 
 
 @dataclass
@@ -57,9 +85,14 @@ class Change:
     precondition: Callable[[ManifestList], None] | None = None
     # Superfiles this change replaces (optimize), by path, as the change read them.
     removed: dict[str, SuperfileEntry] = field(default_factory=dict)
-    # Maps rows newly deleted (concurrently) from a removed superfile to deletions of added superfiles,
-    # so a delete that raced the rewrite still applies; without it such a race is a StaleSuperfileError.
-    carry: Callable[[SuperfileEntry, pyroaring.BitMap], dict[str, pyroaring.BitMap]] | None = None
+    # Given a removed superfile as the change read it and its deletion vector now, the rows deleted since
+    # (concurrently) as deletions of added superfiles, so a delete that raced the rewrite still applies.
+    # Without it, or if it raises StaleSuperfileError, such a race fails the publish.
+    carry: Callable[[SuperfileEntry, pyroaring.AbstractBitMap], dict[str, pyroaring.BitMap]] | None = None
+    # Given the manifest being built on, its path and the _ids of rows this change deletes that are no longer
+    # live where it staged them, the deletions to apply instead (of that manifest's or this change's added
+    # superfiles). Without it, a delete from a superfile that is gone fails the publish (StaleSuperfileError).
+    rebase: Callable[[ManifestList, str, np.ndarray], list[Deletion]] | None = None
     # Properties computed against the manifest being built on, on every attempt; may raise to abort.
     derive_properties: Callable[[ManifestList], dict[str, Any]] | None = None
 
@@ -98,16 +131,33 @@ def _carry(
     """Deletes that landed on a removed superfile after the change read it, moved onto the added superfiles."""
     if read.deletes == now.deletes:
         return
-    before = store.load_deletes(read.deletes.path) if read.deletes else pyroaring.FrozenBitMap()
-    after = store.load_deletes(now.deletes.path) if now.deletes else pyroaring.FrozenBitMap()
-    if change.carry is None or not before.issubset(after):  # no mapping, or rows came back (a restore)
+    if change.carry is None:
         raise StaleSuperfileError(f"superfile {read.path!r} this change replaces was changed by a concurrent commit")
-    for path, rows in change.carry(read, pyroaring.BitMap(after - before)).items():
+    after = store.load_deletes(now.deletes.path) if now.deletes else pyroaring.FrozenBitMap()
+    for path, rows in change.carry(read, after).items():
         carried.setdefault(path, pyroaring.BitMap()).update(rows)
 
 
 def _may_hold(ref: PartRef, entry: SuperfileEntry) -> bool:
     return ref.partition == entry.partition and ref.id_min <= entry.id_min and entry.id_max <= ref.id_max
+
+
+def _locate(
+    current: ManifestList, store: ManifestStore, touched: list[SuperfileEntry]
+) -> dict[str, tuple[int, SuperfileEntry]]:
+    """Where each touched superfile is in ``current``: (part index, entry as it is now); absent if gone.
+    Only parts whose summaries may hold one are loaded."""
+    wanted = {e.path: e for e in touched}
+    found: dict[str, tuple[int, SuperfileEntry]] = {}
+    for idx, ref in enumerate(current.parts):
+        if len(found) == len(wanted):
+            break
+        if not any(_may_hold(ref, e) for p, e in wanted.items() if p not in found):
+            continue
+        for e in store.load_part(ref, current.schema):
+            if e.path in wanted:
+                found[e.path] = (idx, e)
+    return found
 
 
 def _part(store: ManifestStore, ml: ManifestList, partition: str | None, entries: list[SuperfileEntry]) -> PartRef:
@@ -118,44 +168,86 @@ def _part(store: ManifestStore, ml: ManifestList, partition: str | None, entries
     return replace(ref, sealed=sealed)
 
 
+def _rebase(
+    current: ManifestList,
+    current_path: str,
+    change: Change,
+    store: ManifestStore,
+    pending: dict[str, pyroaring.BitMap],
+    own: dict[str, pyroaring.BitMap],
+    added_paths: set[str],
+) -> dict[str, tuple[int, SuperfileEntry]]:
+    """Point ``pending`` (this change's deletes of existing superfiles, by path) at where the rows are live in
+    ``current``; rows found in this change's own superfiles go to ``own``. Returns where pending paths are."""
+    staged = change.deletions
+    where = _locate(current, store, [staged[p].entry for p in pending])
+    lost: list[np.ndarray] = []
+    for path in list(pending):
+        rows = pending[path]
+        if path not in where:  # the superfile was rewritten (optimize) or restored away
+            if change.rebase is None:
+                raise StaleSuperfileError(
+                    f"superfile {path!r} this change deletes from was removed by a concurrent commit"
+                )
+            lost.append(staged[path].ids_of(rows))
+            del pending[path]
+            continue
+        now = where[path][1]
+        if change.rebase is not None and now.deletes is not None and now.deletes != staged[path].entry.deletes:
+            gone = rows & store.load_deletes(now.deletes.path)  # deleted there since staged (a delete or update)
+            if len(gone):
+                lost.append(staged[path].ids_of(gone))
+                rows -= gone
+                if not len(rows):
+                    del pending[path]
+    if not lost or change.rebase is None:
+        return where
+    moved: dict[str, SuperfileEntry] = {}
+    for d in change.rebase(current, current_path, np.concatenate(lost)):
+        target = own if d.entry.path in added_paths else pending
+        target.setdefault(d.entry.path, pyroaring.BitMap()).update(d.rows)
+        if d.entry.path not in added_paths and d.entry.path not in where:
+            moved[d.entry.path] = d.entry
+    where.update(_locate(current, store, list(moved.values())))
+    return where
+
+
 def apply_change(current: ManifestList, current_path: str, change: Change, store: ManifestStore) -> ManifestList:
     """The successor of ``current`` with ``change`` applied; writes new parts and deletion vectors."""
     version = current.version + 1
     derived = change.derive_properties(current) if change.derive_properties is not None else {}
     added = [replace(e, added_version=version) for e in change.added]
+    added_paths = {e.path for e in added}
     rows_deleted = 0
-    pending = {p: d for p, d in change.deletions.items() if len(d.rows)}
-    own = {e.path: pending.pop(e.path).rows for e in added if e.path in pending}  # deletes of rows it adds
+    # copies: a retried attempt starts again from the change as staged
+    pending = {p: pyroaring.BitMap(d.rows) for p, d in change.deletions.items() if len(d.rows)}
+    own = {p: pending.pop(p) for p in list(pending) if p in added_paths}  # deletes of rows it adds
     removed = dict(change.removed)
     carried: dict[str, pyroaring.BitMap] = {}
 
     slots: list[PartRef | None] = list(current.parts)
-    if pending or removed:
-        for idx, ref in enumerate(current.parts):
-            touched = [d.entry for d in pending.values()] + list(removed.values())
-            if not any(_may_hold(ref, e) for e in touched):
+    where = _rebase(current, current_path, change, store, pending, own, added_paths) if pending else {}
+    where.update(_locate(current, store, list(removed.values())) if removed else {})
+    if len(removed) > sum(p in where for p in removed):
+        raise StaleSuperfileError(
+            f"{sum(p not in where for p in removed)} superfile(s) this change replaces were removed by a "
+            "concurrent commit"
+        )
+    for idx in sorted({idx for p, (idx, _) in where.items() if p in pending or p in removed}):
+        ref = current.parts[idx]
+        rewritten = []
+        for e in store.load_part(ref, current.schema):
+            if e.path in removed:
+                _carry(removed.pop(e.path), e, change, store, carried)
                 continue
-            entries = store.load_part(ref, current.schema)
-            if not any(e.path in pending or e.path in removed for e in entries):
-                continue
-            rewritten = []
-            for e in entries:
-                if e.path in removed:
-                    _carry(removed.pop(e.path), e, change, store, carried)
-                    continue
-                if e.path in pending:
-                    e, n = _with_deletes(e, pending.pop(e.path).rows, store)
-                    rows_deleted += n
-                rewritten.append(e)
-            if rewritten:
-                slots[idx] = replace(_part(store, current, ref.partition, rewritten), sealed=ref.sealed)
-            else:
-                slots[idx] = None  # every superfile of the part was replaced
-        if pending or removed:
-            raise StaleSuperfileError(
-                f"{len(pending) + len(removed)} superfile(s) this change deletes from or replaces were removed "
-                "by a concurrent commit"
-            )
+            if e.path in pending:
+                e, n = _with_deletes(e, pending.pop(e.path), store)
+                rows_deleted += n
+            rewritten.append(e)
+        if rewritten:
+            slots[idx] = replace(_part(store, current, ref.partition, rewritten), sealed=ref.sealed)
+        else:
+            slots[idx] = None  # every superfile of the part was replaced
     for i, e in enumerate(added):
         if e.path in own or e.path in carried:
             mine = own.get(e.path, pyroaring.BitMap())
@@ -183,7 +275,8 @@ def apply_change(current: ManifestList, current_path: str, change: Change, store
 
     manifest_path = store.new_list_path(version)
     rows = sum(p.live_rows for p in parts)
-    entry = HistoryEntry(version, manifest_path, now_ms(), change.operation, change.rows_added, rows_deleted, rows)
+    timestamp = max(now_ms(), current.timestamp_ms)  # never before its parent: as_of lookups stay monotonic
+    entry = HistoryEntry(version, manifest_path, timestamp, change.operation, change.rows_added, rows_deleted, rows)
     return ManifestList(
         table_uuid=current.table_uuid,
         version=version,

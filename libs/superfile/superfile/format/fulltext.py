@@ -146,7 +146,7 @@ def _schema(tokenizer: str) -> tantivy.Schema:
 class CorpusStats:
     """Table-wide BM25 statistics of one full-text column, summed over superfiles by the table."""
 
-    num_docs: int  # N: rows of all superfiles (deleted rows included, as in Lucene until merge)
+    num_docs: int  # N: rows counted by the caller (the table passes live rows: deleted ones are subtracted)
     total_tokens: int  # sum of analysed document lengths over all rows (avgdl = total_tokens / num_docs)
     doc_freq: Mapping[str, int]  # df per analysed term, summed over superfiles
 

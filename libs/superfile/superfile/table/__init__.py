@@ -11,7 +11,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from superfile.commit.publish import StaleSuperfileError
 from superfile.errors import (
     InvalidOptionError,
     ObjectNotFoundError,
@@ -21,7 +20,6 @@ from superfile.errors import (
 )
 from superfile.expressions import parse_predicate
 from superfile.manifest.model import HistoryEntry, ManifestList, Pointer
-from superfile.manifest.store import backoff
 from superfile.options import TableOptions
 from superfile.table import changes as _changes
 from superfile.table import cleanup as _cleanup
@@ -115,7 +113,9 @@ class Supertable:
         current at ``as_of`` (a datetime, naive meaning UTC, or epoch milliseconds)."""
         if (version is None) == (as_of is None):
             raise InvalidOptionError("give exactly one of version and as_of")
-        entry = self._history_entry(version) if version is not None else self._entry_as_of(as_of)
+        entry = (
+            self._history_entry(_history.check_version(version)) if version is not None else self._entry_as_of(as_of)
+        )
         try:
             manifest = self._files.manifests.load_list(entry.manifest)
         except ObjectNotFoundError:
@@ -292,28 +292,20 @@ class Supertable:
         assert tx.commit_version is not None
         return tx.commit_version
 
-    def _rebasing(self, stage: Callable[[Transaction], object]) -> int:
-        """Commit one staged write; if a concurrent optimize replaced superfiles it deletes from, stage it
-        again on the newer snapshot (the predicate is re-resolved there) instead of failing."""
-        attempts = self._snapshot.manifest.options.commit_max_attempts
-        for attempt in range(attempts):
-            tx = self.transaction()
-            stage(tx)
-            try:
-                return tx.commit()
-            except StaleSuperfileError:
-                if attempt == attempts - 1:
-                    raise
-                backoff(attempt)
-        raise AssertionError("unreachable")
-
     def delete(self, where: str) -> int:
-        """Delete every row matching the SQL predicate; returns the new version."""
-        return self._rebasing(lambda tx: tx.delete(where))
+        """Delete every row matching the SQL predicate; returns the new version. The predicate is resolved
+        on the current snapshot; rows a concurrent commit moved meanwhile (``optimize``) are followed."""
+        with self.transaction() as tx:
+            tx.delete(where)
+        assert tx.commit_version is not None
+        return tx.commit_version
 
     def update(self, where: str, data: Any) -> int:
         """Replace the rows matching ``where`` 1:1 (in ``_id`` order) by ``data``, keeping their ``_id``."""
-        return self._rebasing(lambda tx: tx.update(where, data))
+        with self.transaction() as tx:
+            tx.update(where, data)
+        assert tx.commit_version is not None
+        return tx.commit_version
 
     # -- maintenance and history ------------------------------------------------------
     def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]:
@@ -323,11 +315,17 @@ class Supertable:
         return _optimize.optimize(self, target_rows, target_bytes)
 
     def cleanup(
-        self, older_than: datetime.timedelta | float = _cleanup.DEFAULT_RETENTION, *, dry_run: bool = False
+        self,
+        older_than: datetime.timedelta | float = _cleanup.DEFAULT_RETENTION,
+        *,
+        dry_run: bool = False,
+        safety_margin: datetime.timedelta | float | None = None,
     ) -> dict[str, Any]:
         """Delete files no version of the last ``older_than`` (a timedelta or seconds) needs; returns
-        files and bytes removed. Versions older than the window can no longer be opened."""
-        return _cleanup.cleanup(self, older_than, dry_run=dry_run)
+        files and bytes removed. Versions older than the window can no longer be opened. Unreferenced
+        files younger than ``safety_margin`` (default: the window) are kept: commits still in flight
+        wrote them, so the margin must exceed the longest commit."""
+        return _cleanup.cleanup(self, older_than, dry_run=dry_run, safety_margin=safety_margin)
 
     def restore(self, version: int) -> int:
         """Publish a retained version's contents as the newest version; returns the new version."""
@@ -339,7 +337,7 @@ class Supertable:
         """Rows inserted and deleted between two retained versions (default to: the current one), with
         ``_change`` ("insert"/"delete") and ``_id``; an update shows as both. See ``table/changes.py``."""
         old = self.checkout(from_version)._snapshot
-        new = self.checkout(to_version)._snapshot if to_version is not None else self._refresh_for_history()
+        new = self.checkout(to_version)._snapshot if to_version is not None else self._current()
         return _changes.changes(old, new, columns)
 
     def __repr__(self) -> str:

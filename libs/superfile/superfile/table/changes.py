@@ -26,17 +26,62 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from superfile.errors import InvalidInputError, UnknownColumnError
-from superfile.manifest.model import SuperfileEntry
+from superfile.manifest.model import ManifestList, SuperfileEntry
+from superfile.manifest.store import ManifestStore
 from superfile.schema import ID
-from superfile.table.history import entries_by_path
 from superfile.table.snapshot import Snapshot
 
-__all__ = ["CHANGE", "changes"]
+__all__ = ["CHANGE", "changes", "diff", "entries_by_path", "id_delta"]
 
 CHANGE = "_change"
 
+Rows = dict[str, tuple[SuperfileEntry, np.ndarray]]  # superfile path -> (entry, row offsets)
 
-def _side(snap: Snapshot, rows: dict[str, tuple[SuperfileEntry, np.ndarray]], columns: list[str]) -> pa.Table:
+
+def entries_by_path(
+    store: ManifestStore, ml: ManifestList, skip_parts: frozenset[str] = frozenset()
+) -> dict[str, SuperfileEntry]:
+    """Every superfile entry of a version by path, except those in the parts named in ``skip_parts``."""
+    return {e.path: e for p in ml.parts if p.path not in skip_parts for e in store.load_part(p, ml.schema)}
+
+
+def diff(old: Snapshot, new: Snapshot) -> tuple[Rows, Rows]:
+    """Physical rows live in ``old`` and not in ``new`` (gone), and the reverse (came), from the manifests:
+    parts both reference are skipped unread, and so are superfiles with the same deletion vector."""
+    store = old.files.manifests
+    shared = frozenset(p.path for p in old.manifest.parts) & frozenset(p.path for p in new.manifest.parts)
+    a = entries_by_path(store, old.manifest, shared)
+    b = entries_by_path(store, new.manifest, shared)
+    gone: Rows = {}
+    came: Rows = {}
+    for path, e in a.items():
+        if path not in b:
+            gone[path] = (e, old.live_offsets(e))
+    for path, e in b.items():
+        if path not in a:
+            came[path] = (e, new.live_offsets(e))
+        elif e.deletes != a[path].deletes:
+            before, after = old.deleted(a[path]), new.deleted(e)
+            gone[path] = (a[path], np.fromiter(after - before, np.int64))
+            came[path] = (e, np.fromiter(before - after, np.int64))
+    return gone, came
+
+
+def _ids(snap: Snapshot, rows: Rows) -> np.ndarray:
+    items = [(e, o) for e, o in rows.values() if len(o)]
+    found = snap.map(lambda item: snap.ids(item[0], item[1]), items)
+    return np.concatenate(found) if found else np.zeros(0, np.uint64)
+
+
+def id_delta(old: Snapshot, new: Snapshot) -> tuple[int, int]:
+    """(``_id``s live in ``new`` but not ``old``, ``_id``s live in ``old`` but not ``new``): reads only the
+    ``_id`` column of the superfiles that differ."""
+    gone, came = diff(old, new)
+    a, b = _ids(old, gone), _ids(new, came)
+    return len(np.setdiff1d(b, a)), len(np.setdiff1d(a, b))
+
+
+def _side(snap: Snapshot, rows: Rows, columns: list[str]) -> pa.Table:
     """The given rows of the given superfiles of one snapshot, all columns, sorted by ``_id``."""
     items = [(e, o) for e, o in rows.values() if len(o)]
     tables = snap.map(lambda item: snap.read_rows(item[0], item[1], columns), items)
@@ -48,7 +93,12 @@ def _side(snap: Snapshot, rows: dict[str, tuple[SuperfileEntry, np.ndarray]], co
 def _equal(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
     """Per position: do the two columns hold the same value (nulls equal to nulls)?"""
     t = a.type
-    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_struct(t):
+    if pa.types.is_fixed_size_list(t) and pa.types.is_floating(t.value_type) and not (a.null_count or b.null_count):
+        size = t.list_size  # vectors: compare the flat values row by row (they are never null)
+        x = np.asarray(pc.list_flatten(a).to_numpy(zero_copy_only=False)).reshape(-1, size)
+        y = np.asarray(pc.list_flatten(b).to_numpy(zero_copy_only=False)).reshape(-1, size)
+        return np.asarray((x == y).all(axis=1), dtype=bool)
+    if pa.types.is_nested(t):
         return np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)], dtype=bool)
     equal: Any = pc.equal(a, b)  # pyarrow's stubs type this loosely
     same = np.asarray(equal.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
@@ -82,25 +132,12 @@ def changes(old: Snapshot, new: Snapshot, columns: Sequence[str] | None = None) 
     if old.version > new.version:
         raise InvalidInputError(f"from_version {old.version} is after to_version {new.version}")
     if columns is not None:
+        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+            raise InvalidInputError("columns must be a list of column names")
         unknown = [c for c in columns if c not in new.schema.names]
         if unknown:
             raise UnknownColumnError(f"unknown columns {unknown}; the table has {new.schema.names}")
-    store = old.files.manifests
-    shared = frozenset(p.path for p in old.manifest.parts) & frozenset(p.path for p in new.manifest.parts)
-    a = entries_by_path(store, old.manifest, shared)
-    b = entries_by_path(store, new.manifest, shared)
-    gone: dict[str, tuple[SuperfileEntry, np.ndarray]] = {}
-    came: dict[str, tuple[SuperfileEntry, np.ndarray]] = {}
-    for path, e in a.items():
-        if path not in b:
-            gone[path] = (e, old.live_offsets(e))
-    for path, e in b.items():
-        if path not in a:
-            came[path] = (e, new.live_offsets(e))
-        elif e.deletes != a[path].deletes:
-            before, after = old.deleted(a[path]), new.deleted(e)
-            gone[path] = (a[path], np.fromiter(after - before, np.int64))
-            came[path] = (e, np.fromiter(before - after, np.int64))
+    gone, came = diff(old, new)
     everything = list(new.schema.names)
     deleted, inserted = _cancel(_side(old, gone, everything), _side(new, came, everything))
     wanted = [ID, *[c for c in (columns if columns is not None else everything) if c != ID]]

@@ -5,13 +5,20 @@ Retained versions: every version committed inside the window
 opened (a reader may have opened it then), and always the current one. A
 file is deleted only if no retained version references it (manifest lists,
 manifest parts, superfiles, deletion vectors, idempotency key blocks) *and*
-it is older than the window itself: an in-flight commit's files are
-unreferenced until it publishes, and are young, so they stay.
+it is older than the safety margin (by default the window itself): an
+in-flight commit's files (flushed superfiles of a long transaction, an
+optimize's outputs, a publish attempt's parts) are unreferenced until it
+publishes, and young, so they stay. The margin must exceed the longest
+commit: ``older_than=0`` without a margin can delete a running commit's
+files (the gateway refuses windows below an hour for that reason).
 
 Commits that publish while cleanup runs build on the current version, whose
 files are marked; cleanup re-reads the pointer after listing and marks any
-newer version before deleting. (A ``restore`` to a version about to leave the
-window can race a cleanup: restore versions well inside it.)
+newer version before deleting. A ``restore`` re-checks the retention mark
+(raised before listing) in its publish, so it does not publish a version
+cleanup expired; only a restore that checked just before the mark moved and
+publishes after cleanup's last pointer read can still race: restore versions
+well inside the window.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from superfile.errors import InvalidOptionError, ObjectNotFoundError
+from superfile.errors import InvalidOptionError, ObjectNotFoundError, ReadOnlyTableError
 from superfile.io import ObjectInfo
 from superfile.manifest.model import HistoryEntry, ManifestList
 from superfile.pools import query_pool
@@ -46,10 +53,10 @@ _KINDS = (
 )
 
 
-def _seconds(older_than: datetime.timedelta | float | int) -> float:
-    seconds = older_than.total_seconds() if isinstance(older_than, datetime.timedelta) else older_than
+def _seconds(name: str, value: datetime.timedelta | float | int) -> float:
+    seconds = value.total_seconds() if isinstance(value, datetime.timedelta) else value
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0:
-        raise InvalidOptionError(f"older_than must be a non-negative timedelta or seconds, got {older_than!r}")
+        raise InvalidOptionError(f"{name} must be a non-negative timedelta or seconds, got {value!r}")
     return float(seconds)
 
 
@@ -95,17 +102,31 @@ def _kind(path: str) -> str | None:
 
 
 def cleanup(
-    table: Supertable, older_than: datetime.timedelta | float | int = DEFAULT_RETENTION, *, dry_run: bool = False
+    table: Supertable,
+    older_than: datetime.timedelta | float | int = DEFAULT_RETENTION,
+    *,
+    dry_run: bool = False,
+    safety_margin: datetime.timedelta | float | int | None = None,
 ) -> dict[str, Any]:
-    """Delete unreachable files older than the window (see the module docstring); returns counts and bytes."""
-    window = _seconds(older_than)
+    """Delete unreachable files older than the window and the margin (see the module docstring); returns
+    counts and bytes."""
+    window = _seconds("older_than", older_than)
+    margin = window if safety_margin is None else _seconds("safety_margin", safety_margin)
+    if not isinstance(dry_run, bool):
+        raise InvalidOptionError(f"dry_run must be a bool, got {dry_run!r}")
+    if table._pinned:
+        raise ReadOnlyTableError(f"table {table.name!r} is open at a version; open it without one to clean up")
     storage = table._files.storage
     store = table._files.manifests
-    cutoff_ms = int((time.time() - window) * 1000)
+    started = time.time()
+    cutoff_ms = int((started - window) * 1000)
+    files_before_ms = int((started - margin) * 1000)
     pointer, _ = store.read_pointer()
     current = store.load_list(pointer.manifest)
     oldest = oldest_retained(storage)
     retained = retained_versions(current.history, cutoff_ms, oldest)
+    if not dry_run:  # before listing: a restore publishing from now on sees the mark (history.restore)
+        set_oldest_retained(storage, retained[0].version)
     marker = _Marker(table)
     for h in retained:
         marker.version(h)
@@ -122,12 +143,11 @@ def cleanup(
             if h.version > seen:
                 marker.version(h)
         seen = newer.version
-    doomed = [i for i in listed if i.path not in marker.paths and i.mtime * 1000 < cutoff_ms]
+    doomed = [i for i in listed if i.path not in marker.paths and i.mtime * 1000 < files_before_ms]
     removed = {kind: 0 for _, kind in _KINDS}
     for info in doomed:
         removed[_kind(info.path) or ""] += 1
     if not dry_run:
-        set_oldest_retained(storage, retained[0].version)
         list(query_pool().map(lambda info: storage.delete(info.path), doomed))
     return {
         "oldest_version": retained[0].version,

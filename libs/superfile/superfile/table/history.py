@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 from typing import TYPE_CHECKING
 
-import pyroaring
+import numpy as np
 
 from superfile.commit.publish import publish_with
-from superfile.errors import InvalidInputError, ObjectNotFoundError, VersionNotFoundError
+from superfile.errors import InvalidInputError, ObjectNotFoundError, PreconditionFailedError, VersionNotFoundError
 from superfile.io import Storage
-from superfile.manifest.model import HistoryEntry, ManifestList, SuperfileEntry, now_ms
-from superfile.manifest.store import ManifestStore
+from superfile.manifest.model import HistoryEntry, ManifestList, now_ms
+from superfile.table.changes import id_delta
+from superfile.table.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from superfile.table import Supertable
 
-__all__ = ["RETENTION", "entries_by_path", "oldest_retained", "restore", "row_delta", "set_oldest_retained", "to_ms"]
+__all__ = ["RETENTION", "check_version", "oldest_retained", "restore", "set_oldest_retained", "to_ms"]
 
 RETENTION = "_retention.json"
 
@@ -38,9 +40,32 @@ def oldest_retained(storage: Storage) -> int:
 
 
 def set_oldest_retained(storage: Storage, version: int) -> None:
-    """Raise the retention mark (never lowers it: a slower concurrent cleanup may have computed less)."""
-    if version > oldest_retained(storage):
-        storage.write(RETENTION, json.dumps({"oldest_version": version, "at_ms": now_ms()}).encode())
+    """Raise the retention mark, never lower it (a slower concurrent cleanup may have computed less):
+    a compare-and-swap, so two cleanups cannot interleave a read and a write."""
+    body = json.dumps({"oldest_version": version, "at_ms": now_ms()}).encode()
+    while True:
+        try:
+            data, etag = storage.read_with_etag(RETENTION)
+        except ObjectNotFoundError:
+            try:
+                storage.write_if_absent(RETENTION, body)
+                return
+            except PreconditionFailedError:
+                continue  # another cleanup created it first: compare with its mark
+        if int(json.loads(data)["oldest_version"]) >= version:
+            return
+        try:
+            storage.write_if_match(RETENTION, body, etag)
+            return
+        except PreconditionFailedError:
+            continue
+
+
+def check_version(version: object) -> int:
+    """A version number is a positive integer (not a bool, not a string)."""
+    if isinstance(version, bool) or not isinstance(version, int | np.integer) or version < 1:
+        raise InvalidInputError(f"a version must be a positive integer, got {version!r}")
+    return int(version)
 
 
 def to_ms(as_of: datetime.datetime | int | float) -> int:
@@ -49,34 +74,10 @@ def to_ms(as_of: datetime.datetime | int | float) -> int:
         if as_of.tzinfo is None:
             as_of = as_of.replace(tzinfo=datetime.UTC)
         return int(as_of.timestamp() * 1000)
-    if isinstance(as_of, int | float) and not isinstance(as_of, bool):
+    number = isinstance(as_of, int | float | np.integer | np.floating) and not isinstance(as_of, bool)
+    if number and math.isfinite(as_of):
         return int(as_of)
-    raise InvalidInputError(f"as_of must be a datetime or epoch milliseconds, got {as_of!r}")
-
-
-def entries_by_path(
-    store: ManifestStore, ml: ManifestList, skip_parts: frozenset[str] = frozenset()
-) -> dict[str, SuperfileEntry]:
-    """Every superfile entry of a version by path, except those in the parts named in ``skip_parts``."""
-    return {e.path: e for p in ml.parts if p.path not in skip_parts for e in store.load_part(p, ml.schema)}
-
-
-def _deleted(store: ManifestStore, entry: SuperfileEntry) -> pyroaring.AbstractBitMap:
-    return store.load_deletes(entry.deletes.path) if entry.deletes else pyroaring.FrozenBitMap()
-
-
-def row_delta(store: ManifestStore, old: ManifestList, new: ManifestList) -> tuple[int, int]:
-    """(rows visible in ``new`` but not ``old``, rows visible in ``old`` but not ``new``), by physical row."""
-    shared = frozenset(p.path for p in old.parts) & frozenset(p.path for p in new.parts)
-    a, b = entries_by_path(store, old, shared), entries_by_path(store, new, shared)
-    added = sum(e.live_rows for p, e in b.items() if p not in a)
-    deleted = sum(e.live_rows for p, e in a.items() if p not in b)
-    for path in a.keys() & b.keys():
-        if a[path].deletes != b[path].deletes:
-            da, db = (_deleted(store, e) for e in (a[path], b[path]))
-            added += len(da - db)
-            deleted += len(db - da)
-    return added, deleted
+    raise InvalidInputError(f"as_of must be a datetime or finite epoch milliseconds, got {as_of!r}")
 
 
 def restore(table: Supertable, version: int) -> int:
@@ -86,10 +87,12 @@ def restore(table: Supertable, version: int) -> int:
     parts. Commit properties (log offsets, idempotency keys) stay those of the
     current version, so a log consumer does not re-apply what it already did.
     A commit that lands while the restore is staged is overwritten too (the
-    restore rebuilds on it and still publishes the old contents).
+    restore rebuilds on it and still publishes the old contents). The history
+    entry counts rows by ``_id``: added = ``_id``s live after but not before.
     """
-    target_entry = table._history_entry(version)
-    store = table._files.manifests
+    target_entry = table._history_entry(check_version(version))
+    files = table._files
+    store = files.manifests
     try:
         target = store.load_list(target_entry.manifest)
     except ObjectNotFoundError:
@@ -97,12 +100,17 @@ def restore(table: Supertable, version: int) -> int:
     snap, pointer = table._writable_snapshot()
     if snap.manifest.parts == target.parts:
         return snap.version
+    target_snap = Snapshot(files, target_entry.manifest, target)
 
     def successor(current: ManifestList, current_path: str) -> ManifestList:
+        # a cleanup that expired the target since it was read may be deleting its files: do not publish them
+        if oldest_retained(files.storage) > target.version:
+            raise VersionNotFoundError(f"table {table.name!r} version {version} is no longer retained")
         new_version = current.version + 1
         path = store.new_list_path(new_version)
-        added, deleted = row_delta(store, current, target)
-        entry = HistoryEntry(new_version, path, now_ms(), "restore", added, deleted, target.rows)
+        added, deleted = id_delta(Snapshot(files, current_path, current), target_snap)
+        stamp = max(now_ms(), current.timestamp_ms)
+        entry = HistoryEntry(new_version, path, stamp, "restore", added, deleted, target.rows)
         return ManifestList(
             table_uuid=current.table_uuid,
             version=new_version,

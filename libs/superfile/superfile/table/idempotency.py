@@ -13,9 +13,12 @@ Retention: the newest ``MAX_BLOCKS`` blocks are kept, i.e. at least
 remembered; a key older than that may commit again. Blocks dropped from the
 reference list are ordinary garbage for ``cleanup()``.
 
-The check runs in the commit itself, against the manifest each publish
-attempt builds on: of two writers racing with one key, the loser's retry sees
-the winner's key and becomes a no-op.
+The check runs twice: when the append is staged (a known key stages
+nothing), and in the commit itself, against the manifest each publish attempt
+builds on: of two writers racing with one key, the loser's retry sees the
+winner's key, drops the rows staged under it and publishes the rest of its
+transaction (if anything is left). Keys are per append, not per transaction:
+a duplicate key never discards other staged work.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "AlreadyCommitted",
     "block_paths",
     "check_key",
+    "committed_keys",
     "committed_version",
     "record",
 ]
@@ -51,11 +55,11 @@ _blocks = LRU(256)  # immutable objects named by uuid: safe to share between tab
 
 
 class AlreadyCommitted(SuperfileError):
-    """Raised inside a commit whose idempotency key an earlier commit already recorded."""
+    """Raised inside a commit when earlier commits already recorded some of its idempotency keys."""
 
-    def __init__(self, version: int) -> None:
-        super().__init__(f"already committed at version {version}")
-        self.version = version
+    def __init__(self, keys: Mapping[str, int]) -> None:
+        super().__init__(f"{len(keys)} idempotency key(s) already committed (at version {max(keys.values())})")
+        self.keys = dict(keys)  # key -> version that committed it
 
 
 def check_key(key: object) -> str:
@@ -75,18 +79,24 @@ def _load(storage: Storage, path: str) -> dict[str, int]:
     return keys
 
 
+def committed_keys(storage: Storage, properties: Mapping[str, Any], keys: Iterable[str]) -> dict[str, int]:
+    """Which of ``keys`` retained blocks record, each with the version that committed it."""
+    wanted = set(keys)
+    found: dict[str, int] = {}
+    for path in reversed(block_paths(properties)) if wanted else ():
+        block = _load(storage, path)
+        for key in wanted - found.keys():
+            if key in block:
+                found[key] = block[key]
+        if len(found) == len(wanted):
+            break
+    return found
+
+
 def committed_version(storage: Storage, properties: Mapping[str, Any], keys: Iterable[str]) -> int | None:
     """The version that committed any of ``keys`` (the newest, if several did), or None."""
-    wanted = set(keys)
-    if not wanted:
-        return None
-    found = [
-        version
-        for path in reversed(block_paths(properties))
-        for key, version in _load(storage, path).items()
-        if key in wanted
-    ]
-    return max(found) if found else None
+    found = committed_keys(storage, properties, keys)
+    return max(found.values()) if found else None
 
 
 def record(storage: Storage, properties: Mapping[str, Any], keys: Iterable[str], version: int) -> list[list[Any]]:

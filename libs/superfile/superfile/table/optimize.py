@@ -1,6 +1,8 @@
 """Compaction: merge small superfiles of a partition into target-size ones and materialize deletion vectors.
 
-The rewrite reads the live rows of the chosen superfiles from one snapshot,
+The plan (``_plan``): per partition, the superfiles under half the target
+size and those with deleted rows are rewritten into ``ceil(rows / target)``
+balanced outputs, in ``_id`` order. The rewrite reads the live rows of the chosen superfiles from one snapshot,
 builds new superfiles (rows keep their ``_id``), and publishes them with the
 same guarded commit as every write (operation ``optimize``): the change
 removes the inputs and adds the outputs. Appends that land meanwhile are
@@ -67,11 +69,16 @@ def _target_rows(entries: list[SuperfileEntry], snap: Snapshot, rows: int | None
 
 
 def _plan(entries: list[SuperfileEntry], target: int) -> dict[str | None, list[SuperfileEntry]]:
-    """Per partition, the superfiles worth rewriting: the small ones (if merging reduces their number)
-    and every one with deleted rows."""
+    """Per partition, the superfiles worth rewriting: the small ones (under half the target; if merging
+    reduces their number) and every one with deleted rows.
+
+    Half, because the outputs are balanced: ``n >= 2`` outputs of ``R`` rows hold more than
+    ``R / n > target * (n - 1) / n >= target / 2`` rows each, so a later compaction leaves them alone and
+    only merges what arrived since (a single small output is merged again, with the next small files).
+    """
     by_partition: dict[str | None, list[SuperfileEntry]] = defaultdict(list)
     for e in entries:
-        if e.deletes is not None or e.live_rows < target:
+        if e.deletes is not None or 2 * e.live_rows < target:
             by_partition[e.partition].append(e)
     plan = {}
     for partition, chosen in by_partition.items():
@@ -81,9 +88,18 @@ def _plan(entries: list[SuperfileEntry], target: int) -> dict[str | None, list[S
     return plan
 
 
-def _shards(snap: Snapshot, partition: str | None, chosen: list[SuperfileEntry], target: int) -> Iterator[Shard]:
-    """Balanced shards (ceil(rows / target) of them) streamed from the inputs, each sorted by ``_id``."""
+def _shards(
+    snap: Snapshot,
+    partition: str | None,
+    chosen: list[SuperfileEntry],
+    target: int,
+    before: dict[str, pyroaring.AbstractBitMap],
+) -> Iterator[Shard]:
+    """Balanced shards (ceil(rows / target) of them) streamed from the inputs, each sorted by ``_id``.
+    Records each input's deletion vector as read in ``before``."""
     total = sum(e.live_rows for e in chosen)
+    for e in chosen:
+        before[e.path] = snap.deleted(e)
     if not total:
         return
     n = math.ceil(total / target)
@@ -110,6 +126,7 @@ class _Rewrite:
         self.snap = snap
         self.added: list[SuperfileEntry] = []
         self._ids: list[np.ndarray] = []  # sorted _ids of each added superfile
+        self.before: dict[str, pyroaring.AbstractBitMap] = {}  # per input: its deletion vector as read
         self._carried: dict[str, int] = {}  # per input: rows carried on the latest publish attempt
 
     @property
@@ -122,7 +139,13 @@ class _Rewrite:
         self.added.extend(build_shards(shards, self.snap.manifest.options, self.snap.files.storage))
         self._ids.extend(np.asarray(s.rows.column(ID).to_numpy(), np.uint64) for s in shards)
 
-    def carry(self, read: SuperfileEntry, newly: pyroaring.BitMap) -> dict[str, pyroaring.BitMap]:
+    def carry(self, read: SuperfileEntry, after: pyroaring.AbstractBitMap) -> dict[str, pyroaring.BitMap]:
+        """Rows of input ``read`` deleted since it was read (``after`` is its deletion vector now), as
+        deletions of the outputs. Rows that came back (a restore) make the rewrite stale."""
+        before = self.before[read.path]
+        if not before.issubset(after):
+            raise StaleSuperfileError(f"rows of superfile {read.path!r} came back while it was rewritten")
+        newly = pyroaring.BitMap(after) - before
         ids = self.snap.ids(read, np.fromiter(newly, np.int64, len(newly)))
         out: dict[str, pyroaring.BitMap] = {}
         self._carried[read.path] = 0
@@ -147,7 +170,7 @@ def _once(table: Supertable, target_rows: int | None, target_bytes: int | None) 
     batch: list[Shard] = []
     workers = build_pool()._max_workers
     for partition, chosen in plan.items():
-        for s in _shards(snap, partition, chosen, target):
+        for s in _shards(snap, partition, chosen, target, rewrite.before):
             batch.append(s)
             if len(batch) >= workers:
                 rewrite.add(batch)

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyroaring
 
+from superfile._lru import LRU
 from superfile.errors import (
     InvalidInputError,
     InvalidOptionError,
@@ -29,7 +30,7 @@ from superfile.errors import (
     VectorDimensionError,
 )
 from superfile.expressions import Predicate, parse_predicate
-from superfile.format.fulltext import CorpusStats, FullTextIndex
+from superfile.format.fulltext import CorpusStats, FullTextIndex, make_analyzer
 from superfile.manifest.model import SuperfileEntry
 from superfile.schema import ID, SCORE
 from superfile.table.snapshot import Snapshot
@@ -40,6 +41,18 @@ MAX_K = 10_000
 MAX_PREFIX_TERMS = 64
 RRF_K = 60  # the reciprocal-rank-fusion constant: score = sum over retrievers of 1 / (RRF_K + rank)
 HYBRID_DEPTH = 100  # candidates taken from each retriever before fusion
+
+
+@dataclass(frozen=True)
+class _DeletedText:
+    """What one superfile's deleted rows contribute to its full-text statistics (subtracted for BM25)."""
+
+    tokens: int  # analysed length summed over the deleted rows
+    doc_freq: dict[str, int]  # per term: deleted rows containing it
+
+
+# (storage, deletion vector, column) -> _DeletedText; deletion vectors are immutable, so entries never go stale
+_deleted_text = LRU(4096)
 
 
 @dataclass
@@ -202,16 +215,49 @@ class Searcher:
                 keep.append(e)
         return keep
 
+    def _deleted(self, entry: SuperfileEntry, column: str) -> _DeletedText:
+        """The deleted rows' analysed lengths and terms (read and analysed once per deletion vector)."""
+        assert entry.deletes is not None
+
+        def load() -> _DeletedText:
+            deleted = self.snap.deleted(entry)
+            rows = np.fromiter(deleted, np.int64, len(deleted))
+            values = self.snap.files.open(entry).read([column], rows=rows).column(column).to_pylist()
+            analyzer = make_analyzer(self.options.fts_columns[column])
+            tokens = 0
+            df: dict[str, int] = {}
+            for value in values:
+                if value is not None:
+                    analysed = analyzer.analyze(value)
+                    tokens += len(analysed)
+                    for term in set(analysed):
+                        df[term] = df.get(term, 0) + 1
+            return _DeletedText(tokens, df)
+
+        found, _ = _deleted_text.get_or_load(f"{self.snap.files.storage.uri}#{entry.deletes.path}#{column}", load)
+        return found
+
     def _corpus_stats(self, column: str, terms: list[str], candidates: list[SuperfileEntry]) -> CorpusStats:
-        """Table-wide BM25 statistics: N and total length from the manifest, df from the candidate files
-        (a pruned file's bloom filter proved df = 0 there)."""
+        """Table-wide BM25 statistics over the live rows: N and total length from the manifest, df from the
+        candidate files (a pruned file's bloom filter proved df = 0 there), minus what deleted rows add to
+        them. Deleted rows thus never change a score: a search ranks the same before and after the
+        deletion vectors are compacted away."""
         entries = self.snap.entries()
-        num_docs = sum(e.rows for e in entries)
-        total_tokens = sum(e.fts_tokens.get(column, 0) for e in entries)
+        num_docs = sum(e.live_rows for e in entries)
+        with_deletes = [e for e in entries if e.deletes is not None]
+        deleted = dict(
+            zip(
+                [e.path for e in with_deletes],
+                self.snap.map(lambda e: self._deleted(e, column), with_deletes),
+                strict=True,
+            )
+        )
+        total_tokens = sum(e.fts_tokens.get(column, 0) for e in entries) - sum(d.tokens for d in deleted.values())
 
         def freqs(e: SuperfileEntry) -> list[int]:
             fts = self._fulltext(e, column)
-            return [fts.doc_freq(t) for t in terms]
+            gone = deleted[e.path].doc_freq if e.path in deleted else {}
+            return [fts.doc_freq(t) - gone.get(t, 0) for t in terms]
 
         df = np.zeros(len(terms), np.int64)
         for row in self.snap.map(freqs, candidates):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,11 +16,12 @@ from superfile.commit.shard import shard
 from superfile.commit.stage import WriteBuffer
 from superfile.errors import InvalidInputError, SuperfileError
 from superfile.expressions import Predicate, parse_predicate
-from superfile.manifest.model import ManifestList, SuperfileEntry
+from superfile.manifest.model import ManifestList, Pointer, SuperfileEntry
 from superfile.pools import build_pool
 from superfile.schema import ID, coerce
 from superfile.table.idempotency import PROPERTY as KEYS_PROPERTY
-from superfile.table.idempotency import AlreadyCommitted, check_key, committed_version, record
+from superfile.table.idempotency import AlreadyCommitted, check_key, committed_keys, committed_version, record
+from superfile.table.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from superfile.table import Supertable
@@ -32,7 +33,11 @@ class Transaction:
     """Writes staged on one snapshot and published together: all visible after ``commit()`` or none.
 
     Deletes and updates resolve their predicate against the snapshot the
-    transaction started from plus the rows it staged itself.
+    transaction started from plus the rows it staged itself, and then apply to
+    those rows by ``_id``: if a concurrent commit moved a row (``optimize``,
+    another update) before this one publishes, the delete follows it; a row
+    that a concurrent commit deleted stays deleted (an update of it adds
+    nothing).
     """
 
     def __init__(self, table: Supertable, precondition: Callable[[ManifestList], None] | None = None) -> None:
@@ -47,31 +52,34 @@ class Transaction:
         self._deletions: dict[str, Deletion] = {}
         self._operations: list[str] = []
         self._properties: dict[str, Any] = {}
-        self._keys: list[str] = []  # idempotency keys this commit records
-        self._duplicate: int | None = None  # version that already committed one of the keys
+        self._keys: dict[str, tuple[int, int]] = {}  # idempotency key -> (first _id, rows) of its append
+        self._known: int | None = None  # newest version that committed a key an append here repeated
+        self._replaced: list[np.ndarray] = []  # _ids of rows updates replaced (their replacements carry them)
         self._done = False
         self.commit_version: int | None = None  # set by commit()
 
     # -- staging ----------------------------------------------------------------
     def append(self, data: Any, idempotency_key: str | None = None) -> int:
-        """Stage rows; returns how many. With ``idempotency_key``, the commit records the key, and if an
-        earlier commit already did, this whole transaction is a no-op whose ``commit()`` returns that
-        commit's version (see ``table/idempotency.py`` for the retention)."""
+        """Stage rows; returns how many. With ``idempotency_key``, the commit records the key; if an earlier
+        commit (or an earlier append of this transaction) already has it, this append stages nothing and
+        returns 0 (see ``table/idempotency.py`` for the retention). Other staged work is unaffected."""
         self._check_open()
+        key = None
         if idempotency_key is not None:
             key = check_key(idempotency_key)
+            if key in self._keys:
+                return 0
             done = committed_version(self._table._files.storage, self._base.manifest.properties, [key])
             if done is not None:
-                self._duplicate = max(self._duplicate or 0, done)
+                self._known = max(self._known or 0, done)
                 return 0
-            self._keys.append(key)
         rows = coerce(data, self._schema, self._options)
         if rows.num_rows:
-            self._stage(
-                rows,
-                self._table._files.manifests.reserve_ids(rows.num_rows, self._options.commit_max_attempts),
-            )
+            first = self._table._files.manifests.reserve_ids(rows.num_rows, self._options.commit_max_attempts)
+            self._stage(rows, first)
             self._operations.append("append")
+            if key is not None:
+                self._keys[key] = (first, rows.num_rows)
         return rows.num_rows
 
     def delete(self, where: str) -> int:
@@ -92,6 +100,7 @@ class Transaction:
         if rows.num_rows != count:
             raise InvalidInputError(f"update matched {count} rows but {rows.num_rows} replacement rows were given")
         ids = np.sort(self._take_matches(predicate))
+        self._replaced.append(ids)
         self._buffer.add(rows.add_column(0, self._schema.field(ID), pa.array(ids, pa.uint64())))
         self._operations.append("update")
         return rows.num_rows
@@ -102,37 +111,30 @@ class Transaction:
 
     # -- commit -------------------------------------------------------------------
     def commit(self) -> int:
-        """Publish everything staged as one new version; returns the version."""
+        """Publish everything staged as one new version; returns the version. If nothing is left to publish
+        because every append repeated a committed idempotency key, returns the version that committed it."""
         self._check_open()
         self._done = True
-        if self._duplicate is not None:
-            self.commit_version = self._duplicate
-            return self._duplicate
         self._flush()
-        ops = set(self._operations)
-        change = Change(
-            table_uuid=self._base.manifest.table_uuid,
-            operation=ops.pop() if len(ops) == 1 else "transaction",
-            added=self._flushed,
-            deletions=self._deletions,
-            properties=self._properties,
-            precondition=self._precondition,
-            derive_properties=self._record_keys if self._keys else None,
-        )
-        if change.is_empty():
-            self.commit_version = self._base.version
-            return self.commit_version
-        files = self._table._files
-        try:
-            path, manifest = publish(
-                files.manifests, change, max_attempts=self._options.commit_max_attempts, base=self._base_pointer
-            )
-        except AlreadyCommitted as done:  # a concurrent commit with the same key won
-            self.commit_version = done.version
-            return done.version
-        self._table._published(path, manifest)
-        self.commit_version = manifest.version
-        return manifest.version
+        base: tuple[Pointer, str] | None = self._base_pointer
+        for _ in range(len(self._keys) + 1):  # each lost key race drops at least one key
+            change = self._change()
+            if change.is_empty():
+                self.commit_version = self._known if self._known is not None else self._base.version
+                return self.commit_version
+            try:
+                path, manifest = publish(
+                    self._table._files.manifests, change, max_attempts=self._options.commit_max_attempts, base=base
+                )
+            except AlreadyCommitted as done:  # concurrent commits recorded some keys first: drop those appends
+                self._known = max(self._known or 0, *done.keys.values())
+                self._drop_keyed(done.keys)
+                base = None
+                continue
+            self._table._published(path, manifest)
+            self.commit_version = manifest.version
+            return manifest.version
+        raise AssertionError("unreachable: every key was dropped, leaving an empty change")
 
     def abort(self) -> None:
         """Drop everything staged. Superfiles already flushed stay unreferenced (cleanup removes them)."""
@@ -150,13 +152,55 @@ class Transaction:
             self.abort()
 
     # -- internals ------------------------------------------------------------------
+    def _change(self) -> Change:
+        ops = set(self._operations)
+        return Change(
+            table_uuid=self._base.manifest.table_uuid,
+            operation=ops.pop() if len(ops) == 1 else "transaction",
+            added=self._flushed,
+            deletions=self._deletions,
+            properties=self._properties,
+            precondition=self._precondition,
+            rebase=self._rebase,
+            derive_properties=self._record_keys if self._keys else None,
+        )
+
     def _record_keys(self, current: ManifestList) -> dict[str, Any]:
-        """Run by publish against the manifest it builds on: no-op if a key is there, else record them."""
+        """Run by publish against the manifest it builds on: abort if a key is there, else record them."""
         storage = self._table._files.storage
-        done = committed_version(storage, current.properties, self._keys)
-        if done is not None:
+        done = committed_keys(storage, current.properties, self._keys)
+        if done:
             raise AlreadyCommitted(done)
-        return {KEYS_PROPERTY: record(storage, current.properties, self._keys, current.version + 1)}
+        return {KEYS_PROPERTY: record(storage, current.properties, list(self._keys), current.version + 1)}
+
+    def _drop_keyed(self, keys: Mapping[str, int]) -> None:
+        """Unstage the appends tagged with ``keys`` (their rows, and replacements of them, are in flushed
+        superfiles by now): delete them there, and leave out superfiles left without rows."""
+        spans = [self._keys.pop(k) for k in keys if k in self._keys]
+        ids = np.unique(np.concatenate([np.arange(a, a + n, dtype=np.uint64) for a, n in spans]))
+        for d in _holding(self._base, self._flushed, ids, {p: d.rows for p, d in self._deletions.items()}):
+            mine = self._deletions.setdefault(d.entry.path, Deletion(d.entry))
+            mine.add(np.fromiter(d.rows, np.int64, len(d.rows)), d.ids_of(d.rows))
+        empty = {
+            e.path for e in self._flushed if e.path in self._deletions and len(self._deletions[e.path].rows) == e.rows
+        }
+        self._flushed = [e for e in self._flushed if e.path not in empty]
+        for path in empty:
+            del self._deletions[path]
+
+    def _rebase(self, current: ManifestList, current_path: str, lost: np.ndarray) -> list[Deletion]:
+        """Where rows this transaction deletes, no longer live where it staged that, are live in ``current``;
+        for those deleted there by a concurrent commit, the replacements updates staged for them."""
+        ids = np.unique(lost)
+        snap = Snapshot(self._table._files, current_path, current)
+        found = _holding(snap, snap.entries(), ids, {})
+        moved = np.concatenate([d.ids_of(d.rows) for d in found]) if found else np.zeros(0, np.uint64)
+        replaced = np.concatenate(self._replaced) if self._replaced else np.zeros(0, np.uint64)
+        orphans = np.intersect1d(np.setdiff1d(ids, moved), replaced)
+        if not len(orphans):
+            return found
+        skip = {p: d.rows for p, d in self._deletions.items()}
+        return found + _holding(self._base, self._flushed, orphans, skip)
 
     def _check_open(self) -> None:
         if self._done:
@@ -205,7 +249,29 @@ class Transaction:
 
         for entry, offsets in self._base.map(one, candidates):
             if len(offsets):
-                deletion = self._deletions.setdefault(entry.path, Deletion(entry, pyroaring.BitMap()))
-                deletion.rows.update(offsets.astype(np.uint32).tolist())
-                ids.append(self._base.ids(entry, offsets))
+                found = self._base.ids(entry, offsets)
+                self._deletions.setdefault(entry.path, Deletion(entry)).add(offsets, found)
+                ids.append(found)
         return np.concatenate(ids) if ids else np.zeros(0, np.uint64)
+
+
+def _holding(
+    snap: Snapshot, entries: list[SuperfileEntry], ids: np.ndarray, skip: Mapping[str, pyroaring.AbstractBitMap]
+) -> list[Deletion]:
+    """The rows of ``entries`` that are live (and not in ``skip``) and carry one of ``ids`` (sorted, unique),
+    as deletions. Reads the ``_id`` column of the superfiles whose ``_id`` range holds one of them."""
+
+    def may_hold(e: SuperfileEntry) -> bool:
+        return bool(np.searchsorted(ids, e.id_max, "right") > np.searchsorted(ids, e.id_min, "left"))
+
+    def one(e: SuperfileEntry) -> Deletion:
+        offsets = snap.live_offsets(e)
+        if e.path in skip and len(skip[e.path]):
+            offsets = offsets[~np.isin(offsets, np.fromiter(skip[e.path], np.int64, len(skip[e.path])))]
+        found = snap.ids(e, offsets)
+        hit = np.isin(found, ids)
+        d = Deletion(e)
+        d.add(offsets[hit], found[hit])
+        return d
+
+    return [d for d in snap.map(one, [e for e in entries if may_hold(e)]) if len(d.rows)]
