@@ -311,10 +311,11 @@ class VectorIndex:
     def _rerank(self, q: _Floats, pos: _Ints, k: int) -> tuple[_Ints, _Floats]:
         """Exact float32 distances for stored positions ``pos``; top k by (distance, row)."""
         dist = np.empty(len(pos), dtype=np.float32)
-        buf = np.empty((min(len(pos), _GATHER_CHUNK), self.dim), dtype=np.float32)
         for s in range(0, len(pos), _GATHER_CHUNK):  # chunks stay in cache, unlike one big gather
             chunk = pos[s : s + _GATHER_CHUNK]
-            v = np.take(self._vecs, chunk, axis=0, out=buf[: len(chunk)], mode="clip")
+            # fancy indexing, not np.take(out=): a blob inside a superfile file need not be 4-byte
+            # aligned, and take on an unaligned float32 view is ~1000x slower (1.7 ms for 40 rows)
+            v = self._vecs[chunk]
             if self.metric == "l2":
                 v -= q
                 dist[s : s + len(chunk)] = np.einsum("ij,ij->i", v, v)
