@@ -325,17 +325,23 @@ def test_cleanup(db: Any) -> None:
     assert dry["dry_run"] is True and dry["oldest_version"] == v and dry["retained_versions"] == 1
     assert dry["removed"]["superfiles"] == 6 and dry["files_removed"] >= 6 + v - 1 and dry["bytes_removed"] > 0
     assert t.checkout(2).count_rows() == 2  # a dry run deletes nothing
-    done = t.cleanup(0)
-    assert {k: v for k, v in done.items() if k != "dry_run"} == {k: v for k, v in dry.items() if k != "dry_run"}
+    expired = t.cleanup(0, safety_margin=datetime.timedelta(hours=1))  # old versions go, young files stay
+    assert expired["files_removed"] == 0 and expired["oldest_version"] == v
     assert [h["version"] for h in t.versions()] == [v]
     with pytest.raises(VersionNotFoundError):
         t.checkout(2)
+    done = t.cleanup(0)  # the margin is the window: nothing young is kept
+    assert done["removed"] == dry["removed"] and done["files_removed"] == dry["files_removed"]
     assert t.count_rows() == 12 and sorted(_keys(t.to_arrow(columns=["key"]))) == list(range(12))
     assert t.cleanup(0)["files_removed"] == 0
     with pytest.raises(InvalidOptionError):
         t.cleanup(-1)
     with pytest.raises(InvalidOptionError):
         t.cleanup("a week")  # type: ignore[arg-type]
+    with pytest.raises(InvalidOptionError):
+        t.cleanup(0, safety_margin=-1)
+    with pytest.raises(ReadOnlyTableError):
+        t.checkout(v).cleanup(0)
 
 
 def test_restore(table: Any) -> None:
@@ -414,7 +420,17 @@ def test_versions_and_as_of(db: Any, table: Any) -> None:
         db.open_table(table.name, as_of=history[0]["timestamp_ms"] - 1)  # before the table existed
     with pytest.raises(InvalidOptionError):
         db.open_table(table.name, 2, as_of=history[0]["timestamp_ms"])
+    assert table.checkout(as_of=np.int64(history[1]["timestamp_ms"])).version >= 2
     with pytest.raises(InvalidOptionError):
         table.checkout()
     with pytest.raises(InvalidInputError):
         table.checkout(as_of="yesterday")
+    with pytest.raises(InvalidInputError):
+        table.checkout(as_of=float("nan"))
+    for bad in (0, "2", True):
+        with pytest.raises(InvalidInputError):
+            db.open_table(table.name, bad)
+        with pytest.raises(InvalidInputError):
+            table.changes(bad)
+        with pytest.raises(InvalidInputError):
+            table.restore(bad)

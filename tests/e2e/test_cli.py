@@ -127,6 +127,7 @@ def test_bad_input_is_an_error_and_changes_nothing(uri: str) -> None:
         (["optimize", uri, "notes", "--target-rows", "0"], "target_rows must be a positive integer"),
         (["cleanup", uri, "notes", "--older-than", "-5"], "older_than must be a non-negative"),
         (["cleanup", uri, "notes", "--older-than", "soon"], "duration like 7d"),
+        (["cleanup", uri, "notes", "--safety-margin", "-1"], "safety_margin must be a non-negative"),
         (["scan", uri, "notes", "--as-of", "last tuesday"], "ISO 8601"),
         (["scan", uri, "notes", "--as-of", "1"], "no retained version as of"),
         (["scan", uri, "notes", "--version", "2", "--as-of", "1"], "not allowed with argument"),
@@ -151,7 +152,10 @@ def test_through_a_gateway(uri: str) -> None:
         # The gateway's floor on the cleanup window holds for the CLI too.
         refused = _run("cleanup", srv.url, "notes", "--older-than", "0", ok=False, **key)
         assert refused.returncode == 2 and "SUPERFILE_CLEANUP_MIN_AGE_S" in refused.stderr
+        expired = _json("cleanup", srv.url, "notes", "--older-than", "0", "--safety-margin", "1h", **key)
+        assert expired["files_removed"] == 0 and expired["oldest_version"] == 7
         denied = _run("restore", srv.url, "notes", "2", ok=False, SUPERFILE_API_KEY="cli-reader")
         assert denied.returncode == 2 and "may not write" in denied.stderr
     table = superfile.connect(uri).open_table("notes")
     assert table.version == 7 and sorted(table.to_arrow(columns=["key"]).column("key").to_pylist()) == [0, 1, 2, 3]
+    assert [v["version"] for v in table.versions()] == [7]

@@ -209,10 +209,11 @@ def cmd_optimize(args: argparse.Namespace) -> None:
 
 def cmd_cleanup(args: argparse.Namespace) -> None:
     table = _open(args)
+    options = {"dry_run": args.dry_run, "safety_margin": args.safety_margin}
     if args.older_than is None:
-        _print_json(table.cleanup(dry_run=args.dry_run))
+        _print_json(table.cleanup(**options))
     else:
-        _print_json(table.cleanup(args.older_than, dry_run=args.dry_run))
+        _print_json(table.cleanup(args.older_than, **options))
 
 
 def cmd_restore(args: argparse.Namespace) -> None:
@@ -315,6 +316,11 @@ def _parser() -> argparse.ArgumentParser:
         "--older-than",
         type=_duration,
         help="keep versions of this window: seconds or 7d, 12h, 30m, 1h30m (default 7d)",
+    )
+    cl.add_argument(
+        "--safety-margin",
+        type=_duration,
+        help="unreferenced files younger than this stay: longer than any commit (default: the window)",
     )
     cl.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
     r = add("restore", cmd_restore, "publish a retained version's contents as the newest version (prints JSON)")

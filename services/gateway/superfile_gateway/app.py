@@ -301,15 +301,19 @@ class Gateway:
             self.write_seconds.record(time.perf_counter() - start, {"op": op, "mode": self.writes.mode})
 
     def cleanup(self, table: Supertable, req: CleanupRequest) -> dict[str, Any]:
-        """``Supertable.cleanup`` with this gateway's floor on the window (``Settings.cleanup_min_age_s``)."""
+        """``Supertable.cleanup`` with this gateway's floor on the safety margin (``Settings.cleanup_min_age_s``):
+        the files of commits in flight (a builder's, an optimize's) are protected by their age alone."""
         older_than = DEFAULT_RETENTION.total_seconds() if req.older_than is None else req.older_than
+        margin = older_than if req.safety_margin is None else req.safety_margin
         floor = self.settings.cleanup_min_age_s
-        if older_than < floor:
+        if margin < floor:
+            name = "older_than" if req.safety_margin is None else "safety_margin"
             raise InvalidOptionError(
-                f"older_than {older_than:g} s is below this gateway's minimum of {floor:g} s "
-                "(SUPERFILE_CLEANUP_MIN_AGE_S): files of commits still in flight could be deleted"
+                f"{name} {margin:g} s is below this gateway's minimum safety margin of {floor:g} s "
+                "(SUPERFILE_CLEANUP_MIN_AGE_S): files of commits still in flight could be deleted; "
+                "give a safety_margin of at least that to expire versions sooner"
             )
-        result = table.cleanup(older_than, dry_run=req.dry_run)
+        result = table.cleanup(older_than, dry_run=req.dry_run, safety_margin=req.safety_margin)
         if not req.dry_run:
             self.forget(table.name, pinned_only=True)
         return result
@@ -774,8 +778,8 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
 
     @app.post("/tables/{name}/cleanup", tags=["maintenance"])
     def cleanup(name: str, p: Auth, req: Annotated[CleanupRequest | None, Body()] = None) -> dict[str, Any]:
-        """Garbage collection (``Supertable.cleanup``), run by the gateway in both modes; windows below
-        ``SUPERFILE_CLEANUP_MIN_AGE_S`` are refused."""
+        """Garbage collection (``Supertable.cleanup``), run by the gateway in both modes; a safety margin (by
+        default the window) below ``SUPERFILE_CLEANUP_MIN_AGE_S`` is refused."""
         return gw.maintain(p, name, "cleanup", lambda t: gw.cleanup(t, req or CleanupRequest()))
 
     @app.post("/sql", tags=["reads"])

@@ -135,10 +135,14 @@ class OptimizeRequest(_Body):
 
 
 class CleanupRequest(_Body):
-    """Garbage collection: keep what versions of the last ``older_than`` seconds need (default 7 days)."""
+    """Garbage collection: keep what versions of the last ``older_than`` seconds need (default 7 days), and
+    every file younger than ``safety_margin`` seconds (default: the window)."""
 
     older_than: float | None = Field(
         default=None, strict=True, description="retention window in seconds (default 604800: 7 days)"
+    )
+    safety_margin: float | None = Field(
+        default=None, strict=True, description="unreferenced files younger than this stay (default: older_than)"
     )
     dry_run: bool = Field(default=False, strict=True)
 

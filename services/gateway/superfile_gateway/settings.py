@@ -72,8 +72,8 @@ class Settings:
     topic_prefix: str = "superfile"
     max_body_bytes: int = 64 << 20
     wait_timeout_s: float = 30.0
-    # cleanup(older_than=...) below this is refused: an in-flight commit's files are unreferenced until it
-    # publishes and only their age protects them, so a window shorter than any commit could delete them.
+    # A cleanup whose safety margin (by default its window) is below this is refused: an in-flight commit's
+    # files are unreferenced until it publishes and only their age protects them.
     cleanup_min_age_s: float = 3600.0
     host: str = "127.0.0.1"
     port: int = 8000

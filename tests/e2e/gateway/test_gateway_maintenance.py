@@ -59,7 +59,9 @@ def test_bad_requests_are_typed_4xx_and_change_nothing(http: httpx.Client, engin
         ("optimize", {"target_rows": 10, "target_bytes": 1000}, 400, "InvalidOptionError"),
         ("optimize", {"rows": 10}, 422, "InvalidInputError"),
         ("cleanup", {"older_than": "a week"}, 422, "InvalidInputError"),
-        ("cleanup", {"older_than": 60}, 400, "InvalidOptionError"),  # below this gateway's floor (an hour)
+        ("cleanup", {"older_than": 60}, 400, "InvalidOptionError"),  # the margin (the window) is below the floor
+        ("cleanup", {"older_than": 7200, "safety_margin": 60}, 400, "InvalidOptionError"),
+        ("cleanup", {"safety_margin": -1}, 400, "InvalidOptionError"),
         ("restore", {}, 422, "InvalidInputError"),
         ("restore", {"version": "2"}, 422, "InvalidInputError"),
         ("restore", {"version": 99}, 404, "VersionNotFoundError"),
@@ -93,7 +95,7 @@ def test_bad_requests_are_typed_4xx_and_change_nothing(http: httpx.Client, engin
     assert engine.open_table(name).stats()["superfile_count"] == 4
 
 
-def test_optimize_cleanup_restore(http: httpx.Client, engine: superfile.Connection) -> None:
+def test_optimize_and_cleanup(http: httpx.Client, engine: superfile.Connection) -> None:
     name = _table(engine)
     table = engine.open_table(name)
     optimized = http.post(f"/tables/{name}/optimize", headers=ADMIN, json={"target_rows": 100})
@@ -111,11 +113,25 @@ def test_optimize_cleanup_restore(http: httpx.Client, engine: superfile.Connecti
     kept = http.post(f"/tables/{name}/cleanup", headers=ADMIN, json={"older_than": 7200, "dry_run": False})
     assert kept.status_code == 200 and kept.json()["files_removed"] == 0 and kept.json()["retained_versions"] == 6
     assert http.post(f"/tables/{name}/cleanup", headers=ADMIN).json()["files_removed"] == 0  # default: 7 days
+    # A window of 0 expires every old version; the margin keeps the files of the last hour.
+    expired = http.post(f"/tables/{name}/cleanup", headers=ADMIN, json={"older_than": 0, "safety_margin": 3600})
+    assert expired.json()["files_removed"] == 0 and expired.json()["oldest_version"] == 6
+    assert [h["version"] for h in table.versions()] == [6]
+    assert error_of(http.get(f"/tables/{name}", headers=ADMIN, params={"version": 3})) == (404, "VersionNotFoundError")
+    assert error_of(http.post(f"/tables/{name}/restore", headers=ADMIN, json={"version": 3})) == (
+        404,
+        "VersionNotFoundError",
+    )
+
+
+def test_restore(http: httpx.Client, engine: superfile.Connection) -> None:
+    name = _table(engine)
+    table = engine.open_table(name)
     restored = http.post(f"/tables/{name}/restore", headers=ADMIN, json={"version": 3})
-    assert restored.json() == {"version": 7, "position": None}
+    assert restored.json() == {"version": 6, "position": None}
     assert sorted(table.to_arrow(columns=["key"]).column("key").to_pylist()) == [0, 1, 2, 3]
     assert table.versions()[-1]["operation"] == "restore"
-    assert http.post(f"/tables/{name}/restore", headers=ADMIN, json={"version": 6}).json()["version"] == 8
+    assert http.post(f"/tables/{name}/restore", headers=ADMIN, json={"version": 5}).json()["version"] == 7
     assert table.count_rows() == 8
 
 

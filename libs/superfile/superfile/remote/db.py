@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -20,20 +19,9 @@ from superfile.remote.errors import GatewayError, GatewayUnavailableError, error
 from superfile.remote.table import RemoteTable
 from superfile.remote.wire import ARROW_STREAM, from_ipc, schema_from_b64, schema_to_b64
 from superfile.schema import to_arrow_table
+from superfile.table.history import check_version, to_ms
 
-__all__ = ["RemoteConnection", "as_of_ms"]
-
-
-def as_of_ms(as_of: datetime.datetime | int | float) -> int:
-    """A point in time as epoch milliseconds, read as the engine reads it (a naive datetime is UTC), so a
-    remote ``as_of`` names the same version as an embedded one."""
-    if isinstance(as_of, datetime.datetime):
-        if as_of.tzinfo is None:
-            as_of = as_of.replace(tzinfo=datetime.UTC)
-        return int(as_of.timestamp() * 1000)
-    if isinstance(as_of, int | float) and not isinstance(as_of, bool) and math.isfinite(as_of):
-        return int(as_of)
-    raise InvalidInputError(f"as_of must be a datetime or epoch milliseconds, got {as_of!r}")
+__all__ = ["RemoteConnection"]
 
 
 def _error(response: httpx.Response) -> SuperfileError:
@@ -201,11 +189,11 @@ class RemoteConnection:
             raise InvalidOptionError("a remote table reads with the table's own consistency policy; omit consistency")
         if version is not None and as_of is not None:
             raise InvalidOptionError("give exactly one of version and as_of")
-        params: dict[str, Any] = {}
+        params: dict[str, Any] = {}  # checked and converted as the engine does, so both name the same version
         if version is not None:
-            params["version"] = version
+            params["version"] = check_version(version)
         if as_of is not None:
-            params["as_of"] = as_of_ms(as_of)
+            params["as_of"] = to_ms(as_of)
         info = self._json("GET", f"/tables/{check_name(name)}", params=params)
         return self._remote_table(info, int(info["version"]) if params else None)
 

@@ -23,6 +23,7 @@ from superfile.options import TableOptions
 from superfile.remote.wire import ARROW_STREAM, to_ipc
 from superfile.schema import to_arrow_table, user_schema
 from superfile.table.cleanup import DEFAULT_RETENTION
+from superfile.table.history import check_version
 
 if TYPE_CHECKING:
     from superfile.remote.db import RemoteConnection
@@ -135,15 +136,15 @@ class RemoteTable:
     ) -> pa.Table:
         """Rows inserted and deleted between two retained versions (default to: the latest, or this handle's
         version), with ``_change`` ("insert"/"delete") and ``_id``; an update shows as both."""
-        params: dict[str, Any] = {"from": from_version}
+        params: dict[str, Any] = {"from": check_version(from_version)}
         position = None
-        if self._pinned is not None:
-            params["to"] = self._pinned if to_version is None else to_version
-        else:
+        if to_version is not None:
+            params["to"] = check_version(to_version)
+        elif self._pinned is not None:
+            params["to"] = self._pinned
+        if self._pinned is None:
             read, position = self._read_params()
             params.update(read)
-            if to_version is not None:
-                params["to"] = to_version
         if columns is not None:
             params["columns"] = ",".join(columns)
         result = self._conn._arrow(f"{self._path}/changes", None, params)
@@ -252,7 +253,7 @@ class RemoteTable:
     def restore(self, version: int, *, wait: bool = True) -> int | None:
         """Publish a retained version's contents as the newest version; returns that version (see ``append``
         for ``wait``; in suite mode the builder applies it in log order)."""
-        return self._write("restore", wait, json={"version": version})
+        return self._write("restore", wait, json={"version": check_version(version)})
 
     # -- maintenance ----------------------------------------------------------------------
     def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]:
@@ -263,22 +264,35 @@ class RemoteTable:
         return dict(self._conn._json("POST", f"{self._path}/optimize", json=body))
 
     def cleanup(
-        self, older_than: datetime.timedelta | float = DEFAULT_RETENTION, *, dry_run: bool = False
+        self,
+        older_than: datetime.timedelta | float = DEFAULT_RETENTION,
+        *,
+        dry_run: bool = False,
+        safety_margin: datetime.timedelta | float | None = None,
     ) -> dict[str, Any]:
         """Delete files no version of the last ``older_than`` (a timedelta or seconds) needs; returns files and
-        bytes removed. The gateway may refuse windows below its minimum (``SUPERFILE_CLEANUP_MIN_AGE_S``)."""
-        if isinstance(older_than, datetime.timedelta):
-            seconds: Any = older_than.total_seconds()
-        elif isinstance(older_than, int | float) and not isinstance(older_than, bool):
-            seconds = older_than
-        else:
-            raise InvalidOptionError(f"older_than must be a non-negative timedelta or seconds, got {older_than!r}")
-        body = {"older_than": seconds, "dry_run": dry_run}
+        bytes removed. Files younger than ``safety_margin`` (default: the window) are kept; the gateway refuses
+        a margin below its minimum (``SUPERFILE_CLEANUP_MIN_AGE_S``)."""
+        self._writable()
+        body = {
+            "older_than": _seconds("older_than", older_than),
+            "safety_margin": None if safety_margin is None else _seconds("safety_margin", safety_margin),
+            "dry_run": dry_run,
+        }
         return dict(self._conn._json("POST", f"{self._path}/cleanup", json=body))
 
     def __repr__(self) -> str:
         at = f", version={self._pinned}" if self._pinned is not None else ""
         return f"RemoteTable({self.name!r}{at}, gateway={self._conn.uri!r})"
+
+
+def _seconds(name: str, value: Any) -> Any:
+    """A duration as JSON seconds; the gateway (the engine) checks the number."""
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    raise InvalidOptionError(f"{name} must be a non-negative timedelta or seconds, got {value!r}")
 
 
 def _vector(column: str, vector: Any) -> Any:
