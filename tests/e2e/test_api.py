@@ -434,3 +434,11 @@ def test_versions_and_as_of(db: Any, table: Any) -> None:
             table.changes(bad)
         with pytest.raises(InvalidInputError):
             table.restore(bad)
+
+
+def test_bm25_after_delete(table: Any) -> None:
+    """Full-text search keeps working once rows are deleted: the deleted rows just stop matching."""
+    table.delete("key >= 9")
+    result = table.bm25_search("title", "supersonic boundary", k=5, projection=["key"])
+    assert set(_keys(result)[:2]) == {0, 6} and max(_keys(result)) < 9
+    assert sorted(_keys(table.bm25_search("title", "flutter", k=5, projection=["key"]))) == [3]
