@@ -475,7 +475,7 @@ async def _at(
 
 
 Auth = Annotated[Principal, Depends(_principal)]
-Snapshot = Annotated[At, Depends(_at)]
+ReadAt = Annotated[At, Depends(_at)]
 WaitFor = Annotated[str | None, Query(description="a write's position token: answer once it is visible")]
 Wait = Annotated[bool, Query(description="suite mode: answer once the write is visible (with its version)")]
 
@@ -564,7 +564,7 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         return JSONResponse({**gw.describe(table), "created": created}, status_code=201 if created else 200)
 
     @app.get("/tables/{name}", tags=["tables"])
-    def describe_table(name: str, p: Auth, at: Snapshot) -> dict[str, Any]:
+    def describe_table(name: str, p: Auth, at: ReadAt) -> dict[str, Any]:
         if not p.visible(name):
             p.require(name, "r")
         with gw.using(name):
@@ -586,13 +586,13 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
             return {"version": table.version}
 
     @app.get("/tables/{name}/stats", tags=["tables"])
-    def stats(name: str, p: Auth, at: Snapshot) -> dict[str, Any]:
+    def stats(name: str, p: Auth, at: ReadAt) -> dict[str, Any]:
         p.require(name, "r")
         with gw.using(name):
             return gw.table(name, at).stats()
 
     @app.get("/tables/{name}/versions", tags=["tables"])
-    def versions(name: str, p: Auth, at: Snapshot) -> dict[str, list[dict[str, Any]]]:
+    def versions(name: str, p: Auth, at: ReadAt) -> dict[str, list[dict[str, Any]]]:
         """Retained versions (of a past version: those up to it)."""
         p.require(name, "r")
         with gw.using(name):
@@ -653,7 +653,7 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
     # -- reads ------------------------------------------------------------------------
     @app.post("/tables/{name}/search/bm25", tags=["search"])
     async def bm25(
-        name: str, req: Bm25Request, request: Request, p: Auth, at: Snapshot, wait_for: WaitFor = None
+        name: str, req: Bm25Request, request: Request, p: Auth, at: ReadAt, wait_for: WaitFor = None
     ) -> Response:
         return await gw.search(
             request,
@@ -667,7 +667,7 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
 
     @app.post("/tables/{name}/search/prefix", tags=["search"])
     async def prefix(
-        name: str, req: PrefixRequest, request: Request, p: Auth, at: Snapshot, wait_for: WaitFor = None
+        name: str, req: PrefixRequest, request: Request, p: Auth, at: ReadAt, wait_for: WaitFor = None
     ) -> Response:
         return await gw.search(
             request,
@@ -681,7 +681,7 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
 
     @app.post("/tables/{name}/search/token_match", tags=["search"])
     async def token_match(
-        name: str, req: TokenMatchRequest, request: Request, p: Auth, at: Snapshot, wait_for: WaitFor = None
+        name: str, req: TokenMatchRequest, request: Request, p: Auth, at: ReadAt, wait_for: WaitFor = None
     ) -> Response:
         return await gw.search(
             request,
@@ -695,7 +695,7 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
 
     @app.post("/tables/{name}/search/exact_match", tags=["search"])
     async def exact_match(
-        name: str, req: ExactMatchRequest, request: Request, p: Auth, at: Snapshot, wait_for: WaitFor = None
+        name: str, req: ExactMatchRequest, request: Request, p: Auth, at: ReadAt, wait_for: WaitFor = None
     ) -> Response:
         return await gw.search(
             request,
@@ -709,7 +709,7 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
 
     @app.post("/tables/{name}/search/vector", tags=["search"])
     async def vector(
-        name: str, req: VectorRequest, request: Request, p: Auth, at: Snapshot, wait_for: WaitFor = None
+        name: str, req: VectorRequest, request: Request, p: Auth, at: ReadAt, wait_for: WaitFor = None
     ) -> Response:
         return await gw.search(
             request,
@@ -735,15 +735,13 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         return gw.query(request, p, name, "hybrid", LATEST, wait_for, lambda t: gw.hybrid(p, t, req))
 
     @app.post("/tables/{name}/scan", tags=["reads"])
-    def scan(
-        name: str, req: ScanRequest, request: Request, p: Auth, at: Snapshot, wait_for: WaitFor = None
-    ) -> Response:
+    def scan(name: str, req: ScanRequest, request: Request, p: Auth, at: ReadAt, wait_for: WaitFor = None) -> Response:
         return gw.query(
             request, p, name, "scan", at, wait_for, lambda t: t.to_arrow(columns=req.columns, where=req.where)
         )
 
     @app.post("/tables/{name}/count", tags=["reads"])
-    def count(name: str, req: CountRequest, p: Auth, at: Snapshot, wait_for: WaitFor = None) -> dict[str, int]:
+    def count(name: str, req: CountRequest, p: Auth, at: ReadAt, wait_for: WaitFor = None) -> dict[str, int]:
         return {"count": gw.read(p, name, "count", at, wait_for, lambda t: t.count_rows(req.where))}
 
     @app.get("/tables/{name}/changes", tags=["reads"])
