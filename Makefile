@@ -1,5 +1,5 @@
 # Two entry points on a fresh Debian machine with Python 3.11, as root:
-#   make run   - install, then load the Cranfield sample into ./data and show it
+#   make run   - install, load the Cranfield sample into ./data, show it, then serve it over HTTP on 127.0.0.1:8000
 #   make test  - install everything the tests need (servers included), lint, type-check, run all tests
 PY ?= python3
 VENV := .venv
@@ -13,8 +13,9 @@ $(BIN)/python:
 	@$(PY) -m venv $(VENV) 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && $(PY) -m venv $(VENV); }
 	@$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): $(BIN)/python libs/superfile/pyproject.toml
-	$(BIN)/pip install -q -e libs/superfile
+# The engine and the gateway (make run serves the sample table over HTTP).
+$(STAMP): $(BIN)/python libs/superfile/pyproject.toml services/gateway/pyproject.toml
+	$(BIN)/pip install -q -e 'libs/superfile[service]' -e services/gateway
 	@touch $@
 
 install: $(STAMP)
@@ -29,7 +30,7 @@ $(TEST_STAMP): $(STAMP) libs/superfile/pyproject.toml $(addsuffix /pyproject.tom
 install-test: $(TEST_STAMP)
 
 run: install
-	$(BIN)/superfile demo --uri file://./data
+	$(BIN)/superfile demo --uri file://./data --serve --port $(or $(PORT),8000)
 
 lint: install-test
 	$(BIN)/ruff check .

@@ -5,14 +5,18 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import superfile
 from superfile_gateway import BackgroundServer, Settings, parse_api_keys
+from superfile_suite import free_port
 
 SUPERFILE = str(Path(sys.executable).with_name("superfile"))
 
@@ -159,3 +163,40 @@ def test_through_a_gateway(uri: str) -> None:
     table = superfile.connect(uri).open_table("notes")
     assert table.version == 7 and sorted(table.to_arrow(columns=["key"]).column("key").to_pylist()) == [0, 1, 2, 3]
     assert [v["version"] for v in table.versions()] == [7]
+
+
+def test_demo_serves_the_sample_with_the_key_it_prints(tmp_path: Path) -> None:
+    """What ``make run`` runs: load Cranfield, then serve it; the printed key and curl body work, others don't."""
+    port = free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SUPERFILE_")}
+    args = [SUPERFILE, "demo", "--uri", f"file://{tmp_path / 'data'}", "--serve", "--port", str(port)]
+    proc = subprocess.Popen(args, env=clean, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        printed = ""
+        deadline = time.monotonic() + 120
+        while "OpenAPI:" not in printed and time.monotonic() < deadline and proc.poll() is None:
+            printed += proc.stdout.readline()
+        key = re.search(r"API key for this run \(read and write\): (\S+)", printed)
+        body = re.search(r"-d '(\{\"column\".*?\})' \S+/search/bm25", printed)
+        assert key and body, printed
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url, timeout=30) as http:
+            while time.monotonic() < deadline:  # the server starts after the instructions are printed
+                try:
+                    http.get("/healthz")
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            headers = {"Authorization": f"Bearer {key[1]}", "content-type": "application/json"}
+            hits = http.post("/tables/cranfield/search/bm25", content=body[1], headers=headers)
+            assert http.post("/tables/cranfield/search/bm25", content=body[1]).status_code == 401
+        assert hits.status_code == 200, hits.text
+        embedded = superfile.connect(f"file://{tmp_path / 'data'}").open_table("cranfield")
+        want = embedded.bm25_search("text", "shock waves", k=5, projection=["id", "title"])
+        assert [r["id"] for r in hits.json()["rows"]] == want.column("id").to_pylist()
+        remote = superfile.connect(url, api_key=key[1]).open_table("cranfield")
+        assert remote.count_rows() == embedded.count_rows() == 1400
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import re
+import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -133,6 +134,29 @@ def cmd_demo(args: argparse.Namespace) -> None:
         f"or from the shell:\n  superfile search {args.uri} {args.table} text 'shock waves' --k 5 --columns id,title\n"
         f'  superfile scan {args.uri} {args.table} --where "id < 5" --columns id,title'
     )
+    if args.serve:
+        _serve_demo(args)
+
+
+def _serve_demo(args: argparse.Namespace) -> None:
+    """Serve the demo table over HTTP with a key made for this run, after saying how to query it."""
+    key = secrets.token_urlsafe(18)  # shown once, to whoever started the server; never stored
+    url = f"http://127.0.0.1:{args.port}"
+    auth = f"-H 'Authorization: Bearer {key}' -H 'content-type: application/json'"
+    bm25 = '{"column": "text", "query": "shock waves", "k": 5, "projection": ["id", "title"]}'
+    sql = f'{{"query": "SELECT author, count(*) AS n FROM {args.table} GROUP BY author ORDER BY n DESC LIMIT 5"}}'
+    print(
+        f"\nServing {args.uri} at {url} (Ctrl-C stops it). API key for this run (read and write): {key}\n"
+        f"  curl -s {auth} -d '{bm25}' {url}/tables/{args.table}/search/bm25\n"
+        f"  curl -s {auth} -d '{sql}' {url}/sql\n"
+        f"  curl -s -H 'Authorization: Bearer {key}' {url}/tables/{args.table}/stats\n"
+        "From Python (the same methods as embedded):\n"
+        f"  t = superfile.connect({url!r}, api_key={key!r}).open_table({args.table!r})\n"
+        "  t.bm25_search('text', 'shock waves', k=5, projection=['id', 'title'])\n"
+        f"OpenAPI: {url}/docs",
+        flush=True,
+    )
+    _serve(args.uri, f"{key}:*:rw", port=args.port)
 
 
 def cmd_create(args: argparse.Namespace) -> None:
@@ -226,8 +250,16 @@ def cmd_changes(args: argparse.Namespace) -> None:
         _print_json(row)
 
 
-def cmd_serve(args: argparse.Namespace) -> None:
-    """The REST gateway in embedded mode over ``args.uri`` (keys from SUPERFILE_API_KEYS)."""
+def _serve(
+    uri: str,
+    api_keys: str,
+    *,
+    auth: bool = True,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_body_bytes: int = 64 << 20,
+) -> None:
+    """Run the REST gateway in embedded mode over ``uri`` until interrupted (``api_keys`` as in SUPERFILE_API_KEYS)."""
     try:
         from superfile_gateway import ConfigError, Settings, parse_api_keys
         from superfile_gateway.__main__ import serve
@@ -240,12 +272,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise SystemExit(2) from None
     try:
         settings = Settings(
-            storage=args.uri,
-            api_keys=parse_api_keys(os.environ.get("SUPERFILE_API_KEYS", "")),
-            auth=not args.no_auth,
-            host=args.host,
-            port=args.port,
-            max_body_bytes=args.max_body_bytes,
+            storage=uri,
+            api_keys=parse_api_keys(api_keys),
+            auth=auth,
+            host=host,
+            port=port,
+            max_body_bytes=max_body_bytes,
         )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -253,6 +285,18 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if not settings.auth:
         print("warning: authentication is off (--no-auth): any caller may read and write any table", file=sys.stderr)
     serve(settings)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    """The REST gateway in embedded mode over ``args.uri`` (keys from SUPERFILE_API_KEYS)."""
+    _serve(
+        args.uri,
+        os.environ.get("SUPERFILE_API_KEYS", ""),
+        auth=not args.no_auth,
+        host=args.host,
+        port=args.port,
+        max_body_bytes=args.max_body_bytes,
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -273,6 +317,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--table", default="cranfield")
     d.add_argument("--data", default=str(_SAMPLE))
     d.add_argument("--batch-rows", type=int, default=200)
+    d.add_argument("--serve", action="store_true", help="then serve it over HTTP on 127.0.0.1 (make run does)")
+    d.add_argument("--port", type=int, default=8000)
     c = add("create", cmd_create, "create a table with the schema of a Parquet/JSON file")
     c.add_argument("--schema-from", required=True)
     c.add_argument("--fts", nargs="*", help="full-text columns")
