@@ -816,11 +816,12 @@ class _GlobalPlan:
         """None when nothing can match in this file."""
         norms = index._norm_data()
         n_glob, tokens_glob = int(stats.num_docs), int(stats.total_tokens)
-        if n_glob < index.num_docs or tokens_glob < norms.total_tokens:
-            raise InvalidOptionError(
-                f"corpus statistics (N={n_glob}, tokens={tokens_glob}) are smaller than one file's "
-                f"(N={index.num_docs}, tokens={norms.total_tokens})"
-            )
+        # The corpus may count fewer rows than this file holds: the table leaves deleted rows out (and
+        # filters them with ``allow``), so only the counts' own consistency is checked.
+        if n_glob < 0 or tokens_glob < 0:
+            raise InvalidOptionError(f"corpus statistics (N={n_glob}, tokens={tokens_glob}) must be >= 0")
+        if n_glob == 0 or tokens_glob == 0:
+            return None  # no counted row holds a term
         schema = index.index.schema
         occur = tantivy.Occur.Must if required else tantivy.Occur.Should
         scored, freqs, boosts, gw, lw, clauses = [], [], [], [], [], []
@@ -839,10 +840,14 @@ class _GlobalPlan:
                     clauses.append((occur, tantivy.Query.const_score_query(q, 0.0)))
                 continue
             df_glob = stats.doc_freq.get(t)
-            if df_glob is None or not df <= df_glob <= n_glob:
+            if df_glob is None or not 0 <= df_glob <= n_glob:
                 raise InvalidOptionError(
-                    f"corpus doc_freq of {t!r} is {df_glob}: it must be between this file's ({df}) and N ({n_glob})"
+                    f"corpus doc_freq of {t!r} is {df_glob}: it must be between 0 and N ({n_glob})"
                 )
+            if df_glob == 0:  # only rows the corpus does not count (deleted ones) hold the term
+                if required:
+                    return None
+                continue
             idf_glob, idf_local = _idf(n_glob, df_glob), _idf(index.num_docs, df)
             scored.append(t)
             freqs.append(df)
