@@ -12,7 +12,9 @@ columns. Result schemas carry per-query counts in their metadata
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,6 @@ import numpy as np
 import pyarrow as pa
 import pyroaring
 
-from superfile._lru import LRU
 from superfile.errors import (
     InvalidInputError,
     InvalidOptionError,
@@ -45,14 +46,57 @@ HYBRID_DEPTH = 100  # candidates taken from each retriever before fusion
 
 @dataclass(frozen=True)
 class _DeletedText:
-    """What one superfile's deleted rows contribute to its full-text statistics (subtracted for BM25)."""
+    """What some deleted rows of one superfile contribute to its full-text statistics (subtracted for BM25)."""
 
-    tokens: int  # analysed length summed over the deleted rows
-    doc_freq: dict[str, int]  # per term: deleted rows containing it
+    tokens: int  # analysed length summed over the rows
+    doc_freq: dict[str, int]  # per term: rows containing it
+
+    def __add__(self, other: _DeletedText) -> _DeletedText:
+        df = dict(self.doc_freq)
+        for term, n in other.doc_freq.items():
+            df[term] = df.get(term, 0) + n
+        return _DeletedText(self.tokens + other.tokens, df)
 
 
-# (storage, deletion vector, column) -> _DeletedText; deletion vectors are immutable, so entries never go stale
-_deleted_text = LRU(4096)
+class _DeletedTextCache:
+    """Per superfile and column, the statistics of its deleted rows and which rows they cover.
+
+    Each delete commit writes a new, larger deletion vector for a superfile;
+    when the cached rows are a subset of the new ones, only the newly deleted
+    rows are read and analysed (a burst of small deletes costs what they
+    delete, not what was deleted before).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._items: OrderedDict[str, tuple[pyroaring.AbstractBitMap, _DeletedText]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._capacity = capacity
+
+    def get(
+        self,
+        key: str,
+        deleted: pyroaring.AbstractBitMap,
+        analyse: Callable[[pyroaring.AbstractBitMap], _DeletedText],
+    ) -> _DeletedText:
+        with self._lock:
+            cached = self._items.get(key)
+            if cached is not None:
+                self._items.move_to_end(key)
+        if cached is not None and cached[0] == deleted:
+            return cached[1]
+        if cached is not None and cached[0].issubset(deleted):
+            found = cached[1] + analyse(pyroaring.BitMap(deleted) - cached[0])
+        else:
+            found = analyse(deleted)
+        with self._lock:
+            self._items[key] = (deleted, found)
+            self._items.move_to_end(key)
+            while len(self._items) > self._capacity:
+                self._items.popitem(last=False)
+        return found
+
+
+_deleted_text = _DeletedTextCache(1024)
 
 
 @dataclass
@@ -216,13 +260,11 @@ class Searcher:
         return keep
 
     def _deleted(self, entry: SuperfileEntry, column: str) -> _DeletedText:
-        """The deleted rows' analysed lengths and terms (read and analysed once per deletion vector)."""
-        assert entry.deletes is not None
+        """The deleted rows' analysed lengths and terms (cached per superfile; see _DeletedTextCache)."""
 
-        def load() -> _DeletedText:
-            deleted = self.snap.deleted(entry)
-            rows = np.fromiter(deleted, np.int64, len(deleted))
-            values = self.snap.files.open(entry).read([column], rows=rows).column(column).to_pylist()
+        def analyse(rows: pyroaring.AbstractBitMap) -> _DeletedText:
+            offsets = np.fromiter(rows, np.int64, len(rows))
+            values = self.snap.files.open(entry).read([column], rows=offsets).column(column).to_pylist()
             analyzer = make_analyzer(self.options.fts_columns[column])
             tokens = 0
             df: dict[str, int] = {}
@@ -234,8 +276,8 @@ class Searcher:
                         df[term] = df.get(term, 0) + 1
             return _DeletedText(tokens, df)
 
-        found, _ = _deleted_text.get_or_load(f"{self.snap.files.storage.uri}#{entry.deletes.path}#{column}", load)
-        return found
+        key = f"{self.snap.files.storage.uri}#{entry.path}#{column}"
+        return _deleted_text.get(key, self.snap.deleted(entry), analyse)
 
     def _corpus_stats(self, column: str, terms: list[str], candidates: list[SuperfileEntry]) -> CorpusStats:
         """Table-wide BM25 statistics over the live rows: N and total length from the manifest, df from the
