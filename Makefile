@@ -24,6 +24,7 @@ SERVICES := services/suite services/gateway services/builder services/ingest
 
 $(TEST_STAMP): $(STAMP) libs/superfile/pyproject.toml $(addsuffix /pyproject.toml,$(SERVICES))
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+	@command -v java >/dev/null || { apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
 	$(BIN)/pip install -q -e 'libs/superfile[dev,service]' $(addprefix -e ,$(SERVICES))
 	@touch $@
 

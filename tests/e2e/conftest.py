@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import boto3
 import pytest
+from e2e_support import BuilderProcess
 from superfile_suite import Server, start_moto, start_redis, start_tansu
 
 
@@ -43,3 +45,19 @@ def s3_uri(s3: Server, monkeypatch: pytest.MonkeyPatch) -> str:
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3.url, region_name="us-east-1").create_bucket(Bucket=bucket)
     return f"s3://{bucket}/tables?endpoint_url={s3.url}"
+
+
+@pytest.fixture
+def builders(s3_uri: str, kafka: Server, redis_server: Server) -> Iterator[Callable[..., BuilderProcess]]:
+    """Start builders for tables on this test's bucket; every one is stopped at teardown."""
+    started: list[BuilderProcess] = []
+
+    def start(tables: list[str], **flags: object) -> BuilderProcess:
+        proc = BuilderProcess(s3_uri, kafka.url, redis_server.url, tables, **flags).start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+        os.unlink(proc.log.name)

@@ -1,0 +1,50 @@
+"""``df.writeStream.foreachBatch(ForeachBatchSink(...))``: the same publishing, as a ``foreachBatch`` function.
+
+Spark calls the function on the driver with the micro-batch and its id; the
+query id is the local property the stream execution sets on the calling
+thread. The batch is collected with ``DataFrame.toArrow()`` and published
+exactly as the data source publishes it, so both sinks give a batch the same
+event identities.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from superfile.errors import InvalidInputError
+from superfile.events import EventLog
+from superfile.schema import coerce
+
+from superfile_ingest.datasource import QUERY_ID_PROPERTY
+from superfile_ingest.publish import Target, publish_batch
+
+__all__ = ["ForeachBatchSink"]
+
+
+class ForeachBatchSink:
+    """Publishes each micro-batch to a table's topic; opens the table up front (a missing table fails here).
+
+    One producer for the query's lifetime; :meth:`close` it when the query ends.
+    """
+
+    def __init__(self, *, table: str, storage: str, bootstrap: str, topic_prefix: str = "superfile") -> None:
+        self.target = Target(table, storage, bootstrap, topic_prefix)
+        opened = self.target.open()
+        self._schema, self._options = opened.schema, opened.options
+        self._log: EventLog | None = None
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+        if not query_id:
+            raise InvalidInputError("ForeachBatchSink runs only as a streaming query's foreachBatch function")
+        rows = coerce(df.toArrow(), self._schema, self._options)
+        if not rows.num_rows:
+            return
+        if self._log is None:
+            self._log = self.target.event_log()
+        publish_batch(self._log, self.target.table, query_id, batch_id, rows)
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None

@@ -1,0 +1,292 @@
+"""Spark Structured Streaming -> the broker (tansu) -> a builder -> a table on the S3 server (moto).
+
+Real Spark in local mode streams the bundled Cranfield sample; a real builder
+subprocess applies the events. A test waits until the manifest records every
+offset of the topic (all events applied or skipped), then reads the table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import superfile
+from e2e_support import BuilderProcess, wait_until
+from kafka import KafkaConsumer, TopicPartition
+from kafka.admin import KafkaAdminClient
+from pyspark.sql import SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.streaming import StreamingQuery
+from superfile.errors import TableNotFoundError
+from superfile.events import LOG_PROPERTY, Event, decode, topic_for
+from superfile_gateway import BackgroundServer, Settings
+from superfile_ingest import ForeachBatchSink, source_for
+from superfile_ingest.example import read_schema, stream_files
+from superfile_suite import Server
+
+CRANFIELD = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield"
+DOCS = pq.read_table(CRANFIELD / "docs.parquet")
+QUERIES = pq.read_table(CRANFIELD / "queries.parquet").slice(0, 5)
+PROJECTION = ["id", "title"]
+QUERY_TIMEOUT_S = 180
+APPLY_TIMEOUT_S = 120
+
+
+@pytest.fixture(autouse=True)
+def _no_query_left(spark: SparkSession) -> object:
+    """A failed test must not leave a streaming query running in the shared session."""
+    yield None
+    for query in spark.streams.active:
+        query.stop()
+
+
+def _create(s3_uri: str, schema: pa.Schema = DOCS.schema) -> superfile.Supertable:
+    name = f"cran{uuid.uuid4().hex[:8]}"
+    db = superfile.connect(s3_uri)
+    return db.create_table(name, schema, fts_columns=["title", "text"], vector_columns={"embedding": 384})
+
+
+def _parquet_files(directory: Path, rows: pa.Table, parts: int) -> Path:
+    directory.mkdir()
+    size = -(-rows.num_rows // parts)
+    for n in range(parts):
+        pq.write_table(rows.slice(n * size, size), directory / f"part-{n}.parquet")
+    return directory
+
+
+def _finish(query: StreamingQuery) -> StreamingQuery:
+    """Wait for an ``availableNow`` query to end (it raises if the query failed)."""
+    if not query.awaitTermination(QUERY_TIMEOUT_S):
+        query.stop()
+        pytest.fail(f"query {query.id} did not finish within {QUERY_TIMEOUT_S} s")
+    return query
+
+
+def _events(bootstrap: str, topic: str) -> list[Event]:
+    """Every event of a topic, in log order."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    try:
+        partition = TopicPartition(topic, 0)
+        consumer.assign([partition])
+        consumer.seek(partition, 0)
+        end = int(consumer.end_offsets([partition])[partition])
+        out: list[Event] = []
+        deadline = time.monotonic() + 30
+        while len(out) < end:
+            if time.monotonic() > deadline:
+                pytest.fail(f"read {len(out)} of {end} records of {topic}")
+            for batch in consumer.poll(timeout_ms=200).values():
+                out.extend(decode(r.value, [(k, v) for k, v in r.headers]) for r in batch)
+        return out
+    finally:
+        consumer.close()
+
+
+def _applied(table: superfile.Supertable, bootstrap: str, builder: BuilderProcess) -> list[Event]:
+    """Wait until the manifest records the topic's end offset; returns the topic's events."""
+    topic = topic_for(table.name)
+    events = _events(bootstrap, topic)
+    assert events, "nothing was published"
+    wait_until(
+        lambda: int(table.properties.get(LOG_PROPERTY, {}).get(topic, 0)) >= len(events),
+        APPLY_TIMEOUT_S,
+        f"the builder to apply {len(events)} events:\n{builder.output()}",
+    )
+    return events
+
+
+def _assert_holds_exactly(table: superfile.Supertable, expected: pa.Table) -> None:
+    """Every expected row once, nothing else, values unchanged."""
+    got = table.to_arrow().drop_columns(["_id"]).sort_by("id")
+    assert got.num_rows == expected.num_rows
+    assert len(set(got["id"].to_pylist())) == got.num_rows
+    assert got.equals(expected.sort_by("id").cast(got.schema))
+
+
+def test_cranfield_streams_into_a_table_searchable_alike_over_rest_sdk_and_embedded(
+    spark: SparkSession,
+    s3_uri: str,
+    kafka: Server,
+    builders: Callable[..., BuilderProcess],
+    tmp_path: Path,
+) -> None:
+    table = _create(s3_uri)
+    builder = builders([table.name])
+    query = stream_files(
+        spark,
+        source_dir=str(_parquet_files(tmp_path / "src", DOCS, 4)),
+        file_format="parquet",
+        table=table.name,
+        storage=s3_uri,
+        bootstrap=kafka.url,
+        checkpoint=str(tmp_path / "checkpoint"),
+        max_files_per_trigger=1,
+        once=True,
+    )
+    _finish(query)
+    events = _applied(table, kafka.url, builder)
+    assert {e.source for e in events} == {source_for(str(query.id))}
+    seqs = [e.seq for e in events]
+    assert seqs == sorted(set(seqs)), "a query's seqs reach the log in increasing order"
+    assert {s[0] for s in seqs} == {0, 1, 2, 3}  # one micro-batch per file
+    _assert_holds_exactly(table, DOCS)
+
+    settings = Settings(storage=s3_uri, kafka=kafka.url, auth=False)
+    with (
+        BackgroundServer(settings) as gateway,
+        httpx.Client(base_url=gateway.url, timeout=30) as http,
+        superfile.connect(gateway.url) as sdk,
+    ):
+        remote = sdk.open_table(table.name)
+        url = f"/tables/{table.name}/search"
+        for text, vector in zip(QUERIES["text"].to_pylist(), QUERIES["embedding"].to_pylist(), strict=True):
+            bm25 = table.bm25_search("text", text, k=10, projection=PROJECTION)
+            assert bm25.num_rows == 10
+            assert remote.bm25_search("text", text, k=10, projection=PROJECTION).equals(bm25)
+            body = {"column": "text", "query": text, "k": 10, "projection": PROJECTION}
+            assert http.post(f"{url}/bm25", json=body).json()["rows"] == bm25.to_pylist()
+
+            nearest = table.vector_search("embedding", vector, k=10, projection=PROJECTION)
+            assert nearest.num_rows == 10
+            assert remote.vector_search("embedding", vector, k=10, projection=PROJECTION).equals(nearest)
+            body = {"column": "embedding", "vector": vector, "k": 10, "projection": PROJECTION}
+            assert http.post(f"{url}/vector", json=body).json()["rows"] == nearest.to_pylist()
+
+        tokens = ["boundary", "layer", "shock"]
+        matched = table.token_match("text", tokens, projection=PROJECTION).sort_by("id")
+        assert 0 < matched.num_rows < DOCS.num_rows
+        assert remote.token_match("text", tokens, projection=PROJECTION).sort_by("id").equals(matched)
+        body = {"column": "text", "tokens": tokens, "projection": PROJECTION}
+        rows = http.post(f"{url}/token_match", json=body).json()["rows"]
+        assert sorted(rows, key=lambda r: r["id"]) == matched.to_pylist()
+
+
+def _datasource_query(
+    spark: SparkSession, table: str, storage: str, bootstrap: str, source: Path, checkpoint: Path
+) -> StreamingQuery:
+    return stream_files(
+        spark,
+        source_dir=str(source),
+        file_format="parquet",
+        table=table,
+        storage=storage,
+        bootstrap=bootstrap,
+        checkpoint=str(checkpoint),
+        max_files_per_trigger=1,
+        once=True,
+    )
+
+
+def _foreach_query(
+    spark: SparkSession, table: str, storage: str, bootstrap: str, source: Path, checkpoint: Path
+) -> StreamingQuery:
+    sink = ForeachBatchSink(table=table, storage=storage, bootstrap=bootstrap)
+    frame = spark.readStream.schema(read_schema(storage, table)).option("maxFilesPerTrigger", 1).parquet(str(source))
+    writer = frame.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+    return writer.trigger(availableNow=True).start()
+
+
+@pytest.mark.parametrize("start", [_datasource_query, _foreach_query], ids=["datasource", "foreach_batch"])
+def test_a_replayed_micro_batch_is_not_duplicated(
+    start: Callable[..., StreamingQuery],
+    spark: SparkSession,
+    s3_uri: str,
+    kafka: Server,
+    builders: Callable[..., BuilderProcess],
+    tmp_path: Path,
+) -> None:
+    table = _create(s3_uri)
+    builder = builders([table.name])
+    source = tmp_path / "src"
+    source.mkdir()
+    # Two micro-batches (one file each, in modification order); the second is big enough to travel as two events.
+    pq.write_table(DOCS.slice(0, 200), source / "part-0.parquet")
+    pq.write_table(DOCS.slice(200), source / "part-1.parquet")
+    older = time.time() - 60
+    os.utime(source / "part-0.parquet", (older, older))
+    checkpoint = tmp_path / "checkpoint"
+    first = _finish(start(spark, table.name, s3_uri, kafka.url, source, checkpoint))
+    published = _events(kafka.url, topic_for(table.name))
+    original = [e for e in published if e.seq[0] == 1]
+    assert [e.seq for e in published] == [(0, 0), (1, 0), (1, 1)]
+
+    # Spark re-runs a micro-batch whose offsets are logged but whose commit is not: as after a crash
+    # between publishing the batch and recording it as done.
+    for name in ("1", ".1.crc"):
+        (checkpoint / "commits" / name).unlink()
+    second = _finish(start(spark, table.name, s3_uri, kafka.url, source, checkpoint))
+    assert second.id == first.id and second.runId != first.runId  # the same query, resumed
+
+    events = _applied(table, kafka.url, builder)
+    _assert_holds_exactly(table, DOCS)
+    replayed = events[len(published) :]
+    assert len(replayed) == 2, "the restarted query published batch 1 again"
+    assert [(e.source, e.seq) for e in replayed] == [(e.source, e.seq) for e in original]
+    assert [e.data for e in replayed] == [e.data for e in original]  # the same rows, chunked the same way
+
+
+def test_the_example_job_streams_json_files(
+    s3_uri: str, kafka: Server, builders: Callable[..., BuilderProcess], tmp_path: Path
+) -> None:
+    """``python -m superfile_ingest.example`` as documented, in its own process (its own Spark)."""
+    table = _create(s3_uri)
+    builder = builders([table.name])
+    rows = DOCS.slice(0, 300)
+    source = tmp_path / "json"
+    source.mkdir()
+    for n, part in enumerate((rows.slice(0, 150), rows.slice(150))):
+        (source / f"part-{n}.json").write_text("".join(json.dumps(r) + "\n" for r in part.to_pylist()))
+    argv = [
+        *(sys.executable, "-m", "superfile_ingest.example", "--source-dir", str(source), "--format", "json"),
+        *("--table", table.name, "--storage", s3_uri, "--bootstrap", kafka.url),
+        *("--checkpoint", str(tmp_path / "checkpoint"), "--once"),
+    ]
+    job = subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False)
+    assert job.returncode == 0, job.stderr[-4000:]
+    assert f"streaming {source} into {table.name}" in job.stdout
+    _applied(table, kafka.url, builder)
+    _assert_holds_exactly(table, rows)
+
+
+def _failure(start: Callable[[], StreamingQuery]) -> str:
+    """The error a query fails with, at start or while running."""
+    try:
+        _finish(start())
+    except Exception as exc:
+        return str(exc)
+    pytest.fail("the query did not fail")
+
+
+def test_a_missing_table_or_mismatched_schema_fails_the_query_clearly(
+    spark: SparkSession, s3_uri: str, kafka: Server, tmp_path: Path
+) -> None:
+    source = _parquet_files(tmp_path / "src", DOCS.slice(0, 10), 1)
+    frame = spark.readStream.schema(from_arrow_schema(DOCS.schema)).parquet(str(source))
+
+    def start(options: dict[str, str], checkpoint: str) -> Callable[[], StreamingQuery]:
+        writer = frame.writeStream.format("superfile").options(**options)
+        return writer.option("checkpointLocation", str(tmp_path / checkpoint)).trigger(availableNow=True).start
+
+    options = {"storage": s3_uri, "bootstrap": kafka.url}
+    assert "table 'nosuch' does not exist" in _failure(start({**options, "table": "nosuch"}, "missing"))
+    other = _create(s3_uri, DOCS.schema.remove(DOCS.schema.get_field_index("author")))
+    assert "unknown columns ['author']" in _failure(start({**options, "table": other.name}, "schema"))
+    assert "needs the options ['bootstrap']" in _failure(start({"storage": s3_uri, "table": other.name}, "option"))
+    admin = KafkaAdminClient(bootstrap_servers=kafka.url)
+    try:
+        assert topic_for(other.name) not in admin.list_topics()  # nothing was published
+    finally:
+        admin.close()
+
+    with pytest.raises(TableNotFoundError):
+        ForeachBatchSink(table="nosuch", storage=s3_uri, bootstrap=kafka.url)
