@@ -30,7 +30,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
-from superfile.errors import InvalidInputError
+from superfile.errors import InvalidInputError, InvalidOptionError
 from superfile.options import TableOptions
 from superfile.schema import coerce, user_schema
 
@@ -72,8 +72,6 @@ class _StreamWriter(DataSourceStreamArrowWriter):
         if not done:
             return
         rows = pa.concat_tables([m.rows for m in done])
-        if not rows.num_rows:
-            return
         log = self.target.event_log()
         try:
             publish_batch(log, self.target.table, done[0].query_id, batchId, rows)
@@ -92,6 +90,8 @@ class SuperfileDataSource(DataSource):
         return "superfile"
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> _StreamWriter:
+        if overwrite:
+            raise InvalidOptionError("the superfile sink only appends; use outputMode('append'), not 'complete'")
         target = Target.from_options(self.options)
         table = target.open()
         # Conforming no rows of the stream's schema runs every column check the engine makes.

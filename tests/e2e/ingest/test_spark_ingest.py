@@ -305,6 +305,9 @@ def test_a_missing_table_or_mismatched_schema_fails_the_query_clearly(
     other = _create(s3_uri, DOCS.schema.remove(DOCS.schema.get_field_index("author")))
     assert "unknown columns ['author']" in _failure(start({**options, "table": other.name}, "schema"))
     assert "needs the options ['bootstrap']" in _failure(start({"storage": s3_uri, "table": other.name}, "option"))
+    counts = frame.groupBy("source").count().writeStream.format("superfile").outputMode("complete")
+    complete = counts.options(**options, table=other.name).option("checkpointLocation", str(tmp_path / "complete"))
+    assert "only appends" in _failure(complete.trigger(availableNow=True).start)
     admin = KafkaAdminClient(bootstrap_servers=kafka.url)
     try:
         assert topic_for(other.name) not in admin.list_topics()  # nothing was published
