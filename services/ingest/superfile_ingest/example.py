@@ -20,9 +20,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
+from superfile.errors import InvalidOptionError
 from superfile.schema import user_schema
 
-from superfile_ingest import register
+from superfile_ingest import ForeachBatchSink, register
 
 __all__ = ["local_session", "main", "read_schema", "stream_files"]
 
@@ -61,20 +62,26 @@ def stream_files(
     topic_prefix: str = "superfile",
     max_files_per_trigger: int | None = None,
     once: bool = False,
+    sink: str = "datasource",
 ) -> StreamingQuery:
-    """Start the query streaming ``source_dir`` into ``table``; returns the running query."""
+    """Start the query streaming ``source_dir`` into ``table``; returns the running query.
+
+    ``sink`` is ``datasource`` (``format("superfile")``) or ``foreach_batch`` (:class:`ForeachBatchSink`).
+    """
     reader = spark.readStream.schema(read_schema(storage, table))
     if max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
     frame: DataFrame = reader.format(file_format).load(source_dir)
-    writer = (
-        frame.writeStream.format("superfile")
-        .option("table", table)
-        .option("storage", storage)
-        .option("bootstrap", bootstrap)
-        .option("topic_prefix", topic_prefix)
-        .option("checkpointLocation", checkpoint)
-    )
+    if sink == "datasource":
+        writer = frame.writeStream.format("superfile").options(
+            table=table, storage=storage, bootstrap=bootstrap, topic_prefix=topic_prefix
+        )
+    elif sink == "foreach_batch":
+        target = ForeachBatchSink(table=table, storage=storage, bootstrap=bootstrap, topic_prefix=topic_prefix)
+        writer = frame.writeStream.foreachBatch(target)
+    else:
+        raise InvalidOptionError(f"sink must be 'datasource' or 'foreach_batch', got {sink!r}")
+    writer = writer.option("checkpointLocation", checkpoint)
     return (writer.trigger(availableNow=True) if once else writer).start()
 
 
@@ -89,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", required=True, help="Spark checkpoint directory (one per query)")
     parser.add_argument("--max-files-per-trigger", type=int, default=None)
     parser.add_argument("--once", action="store_true", help="process the files present now, then exit")
+    parser.add_argument("--sink", default="datasource", choices=["datasource", "foreach_batch"])
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
     spark = local_session(args.master)
@@ -103,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         topic_prefix=args.topic_prefix,
         max_files_per_trigger=args.max_files_per_trigger,
         once=args.once,
+        sink=args.sink,
     )
     print(f"query {query.id} streaming {args.source_dir} into {args.table}", flush=True)
     try:

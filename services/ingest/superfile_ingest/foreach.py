@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from superfile.errors import InvalidInputError
-from superfile.events import EventLog
 from superfile.schema import coerce
 
 from superfile_ingest.datasource import QUERY_ID_PROPERTY
@@ -22,16 +21,12 @@ __all__ = ["ForeachBatchSink"]
 
 
 class ForeachBatchSink:
-    """Publishes each micro-batch to a table's topic; opens the table up front (a missing table fails here).
-
-    One producer for the query's lifetime; :meth:`close` it when the query ends.
-    """
+    """Publishes each micro-batch to a table's topic; opens the table up front (a missing table fails here)."""
 
     def __init__(self, *, table: str, storage: str, bootstrap: str, topic_prefix: str = "superfile") -> None:
         self.target = Target(table, storage, bootstrap, topic_prefix)
         opened = self.target.open()
         self._schema, self._options = opened.schema, opened.options
-        self._log: EventLog | None = None
 
     def __call__(self, df: Any, batch_id: int) -> None:
         query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
@@ -40,11 +35,8 @@ class ForeachBatchSink:
         rows = coerce(df.toArrow(), self._schema, self._options)
         if not rows.num_rows:
             return
-        if self._log is None:
-            self._log = self.target.event_log()
-        publish_batch(self._log, self.target.table, query_id, batch_id, rows)
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        log = self.target.event_log()  # per batch, like the data source: nothing to close when the query ends
+        try:
+            publish_batch(log, self.target.table, query_id, batch_id, rows)
+        finally:
+            log.close()

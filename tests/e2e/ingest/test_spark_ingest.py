@@ -33,7 +33,7 @@ from superfile.events import LOG_PROPERTY, Event, EventLog, decode, topic_for
 from superfile.schema import coerce
 from superfile_gateway import BackgroundServer, Settings
 from superfile_ingest import ForeachBatchSink, source_for
-from superfile_ingest.example import read_schema, stream_files
+from superfile_ingest.example import stream_files
 from superfile_ingest.publish import canonical, chunks, publish_batch
 from superfile_suite import Server
 
@@ -174,34 +174,9 @@ def test_cranfield_streams_into_a_table_searchable_alike_over_rest_sdk_and_embed
         assert sorted(rows, key=lambda r: r["id"]) == matched.to_pylist()
 
 
-def _datasource_query(
-    spark: SparkSession, table: str, storage: str, bootstrap: str, source: Path, checkpoint: Path
-) -> StreamingQuery:
-    return stream_files(
-        spark,
-        source_dir=str(source),
-        file_format="parquet",
-        table=table,
-        storage=storage,
-        bootstrap=bootstrap,
-        checkpoint=str(checkpoint),
-        max_files_per_trigger=1,
-        once=True,
-    )
-
-
-def _foreach_query(
-    spark: SparkSession, table: str, storage: str, bootstrap: str, source: Path, checkpoint: Path
-) -> StreamingQuery:
-    sink = ForeachBatchSink(table=table, storage=storage, bootstrap=bootstrap)
-    frame = spark.readStream.schema(read_schema(storage, table)).option("maxFilesPerTrigger", 1).parquet(str(source))
-    writer = frame.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
-    return writer.trigger(availableNow=True).start()
-
-
-@pytest.mark.parametrize("start", [_datasource_query, _foreach_query], ids=["datasource", "foreach_batch"])
+@pytest.mark.parametrize("sink", ["datasource", "foreach_batch"])
 def test_a_replayed_micro_batch_is_not_duplicated(
-    start: Callable[..., StreamingQuery],
+    sink: str,
     spark: SparkSession,
     s3_uri: str,
     kafka: Server,
@@ -218,7 +193,22 @@ def test_a_replayed_micro_batch_is_not_duplicated(
     older = time.time() - 60
     os.utime(source / "part-0.parquet", (older, older))
     checkpoint = tmp_path / "checkpoint"
-    first = _finish(start(spark, table.name, s3_uri, kafka.url, source, checkpoint))
+
+    def start() -> StreamingQuery:
+        return stream_files(
+            spark,
+            source_dir=str(source),
+            file_format="parquet",
+            table=table.name,
+            storage=s3_uri,
+            bootstrap=kafka.url,
+            checkpoint=str(checkpoint),
+            max_files_per_trigger=1,
+            once=True,
+            sink=sink,
+        )
+
+    first = _finish(start())
     published = _events(kafka.url, topic_for(table.name))
     original = [e for e in published if e.seq[0] == 1]
     assert [e.seq for e in published] == [(0, 0), (1, 0), (1, 1)]
@@ -227,7 +217,7 @@ def test_a_replayed_micro_batch_is_not_duplicated(
     # between publishing the batch and recording it as done.
     for name in ("1", ".1.crc"):
         (checkpoint / "commits" / name).unlink()
-    second = _finish(start(spark, table.name, s3_uri, kafka.url, source, checkpoint))
+    second = _finish(start())
     assert second.id == first.id and second.runId != first.runId  # the same query, resumed
 
     events = _applied(table, kafka.url, builder)
