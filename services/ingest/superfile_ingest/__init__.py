@@ -8,9 +8,9 @@ from pyspark.sql import SparkSession
 
 from superfile_ingest.datasource import SuperfileDataSource
 from superfile_ingest.foreach import ForeachBatchSink
-from superfile_ingest.publish import Target, source_for
+from superfile_ingest.publish import source_for
 
-__all__ = ["ForeachBatchSink", "SuperfileDataSource", "Target", "register", "source_for"]
+__all__ = ["ForeachBatchSink", "SuperfileDataSource", "register", "source_for"]
 
 
 def register(spark: SparkSession) -> None:

@@ -29,7 +29,11 @@ __all__ = ["local_session", "main", "read_schema", "stream_files"]
 
 
 def local_session(master: str = "local[2]", app_name: str = "superfile-ingest") -> SparkSession:
-    """A Spark session whose Python workers use this interpreter, with the ``superfile`` sink registered."""
+    """A Spark session whose Python workers use this interpreter, with the ``superfile`` sink registered.
+
+    Sets ``SPARK_LOCAL_IP`` (127.0.0.1) and ``PYSPARK_PYTHON`` in the environment unless they are set:
+    Spark reads them from there when it launches the JVM and its Python workers.
+    """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (

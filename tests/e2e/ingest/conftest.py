@@ -1,4 +1,4 @@
-"""One local Spark session for the ingest tests (~15 s to start), its Python workers able to reach the S3 server."""
+"""A local Spark session per test module (~15 s to start), its Python workers able to reach the S3 server."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from superfile_ingest.example import local_session
 from superfile_suite import Server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spark(s3: Server) -> Iterator[SparkSession]:
     """Started with the S3 client settings in the environment: Spark's Python processes inherit it at launch."""
     with pytest.MonkeyPatch.context() as env:
