@@ -443,11 +443,16 @@ def test_conservative_retry_when_the_analysis_misses(world: World) -> None:
 
 
 def test_index_bounded_and_full_scans_agree(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pushed filters answer the same whether a superfile is read through its indexes or scanned whole."""
-    import superfile.sql.context as context
+    """Pushed filters answer the same whether a superfile is read through its indexes (candidates only, or
+    whole) or scanned without them, before and after deletes and updates."""
+    import superfile.table.snapshot as snapshot
 
-    answers = []
-    for fraction in (0.0, 1.0):
-        monkeypatch.setattr(context, "_INDEXED_FRACTION", fraction)
-        answers.append([_rows(world.conn.sql(q)) for q in QUERIES])
-    assert answers[0] == answers[1]
+    bounded = snapshot.candidate_rows
+    for _ in range(2):
+        answers = []
+        for fraction, indexes in ((0.0, True), (1.0, True), (1.0, False)):
+            monkeypatch.setattr(snapshot, "INDEXED_FRACTION", fraction)
+            monkeypatch.setattr(snapshot, "candidate_rows", bounded if indexes else lambda *a: None)
+            answers.append([_rows(world.conn.sql(q)) for q in QUERIES])
+        assert answers[0] == answers[1] == answers[2]
+        world.mutate()

@@ -13,16 +13,20 @@ import re
 import threading
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 from datafusion import SessionConfig, SessionContext, SQLOptions, udtf
 
-from superfile.errors import InvalidPredicateError, SqlError, SuperfileError, TableNotFoundError
+from superfile.errors import (
+    InvalidPredicateError,
+    InvalidTableNameError,
+    SqlError,
+    SuperfileError,
+    TableNotFoundError,
+)
 from superfile.expressions import Predicate, parse_predicate
 from superfile.schema import ID
 from superfile.sql.functions import FUNCTIONS, TableFunctionError
 from superfile.sql.plan import QueryHints, analyze
-from superfile.table.index_filter import candidate_rows
 from superfile.table.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -48,65 +52,18 @@ def _message(exc: BaseException) -> str:
 _PARTITIONS = 4
 
 
-_INDEXED_FRACTION = 0.1  # use a superfile's scalar / term indexes when they bound the rows to at most this share
-
-
-def _conform(table: pa.Table, columns: list[str], target: pa.Schema) -> pa.Table:
-    table = table.select(columns).replace_schema_metadata(None)  # each superfile has its own footer metadata
-    if table.schema.equals(target):
-        return table
-    types_match = all(a.type == b.type for a, b in zip(table.schema, target, strict=True))
-    return pa.Table.from_arrays(table.columns, schema=target) if types_match else table.cast(target)
-
-
 def scan(snap: Snapshot, columns: list[str], where: Predicate | None) -> list[pa.Table]:
     """Live rows of the snapshot's superfiles that ``where`` may match, one table per superfile.
 
     Superfiles are pruned by their manifest statistics first; each kept one is
-    read once (the needed columns plus the predicate's), and its deleted rows
-    and the rows failing ``where`` are dropped by one mask. Always at least one
-    (possibly empty) table, so the schema is known.
+    read once (``Snapshot.read_matching``: index-bounded when its indexes allow).
+    Always at least one (possibly empty) table, so the schema is known.
     """
     entries = sorted(snap.entries(where), key=lambda e: (e.id_min, e.path))
-    target = pa.schema([snap.schema.field(c) for c in columns])
-    need = list(dict.fromkeys([*columns, *sorted(where.columns if where is not None else ())]))
-
-    fts = set(snap.manifest.options.fts_columns)
-
-    def indexed(entry: Any) -> pa.Table | None:
-        """Index-bounded read: only the candidate rows the superfile's indexes allow, when they are few."""
-        reader = snap.files.open(entry)
-        assert where is not None
-        bound = candidate_rows(where, reader, fts)
-        if bound is None or len(bound[0]) > entry.rows * _INDEXED_FRACTION:
-            return None
-        candidates = bound[0]
-        deleted = snap.deleted(entry)
-        rows = np.fromiter((candidates - deleted) if len(deleted) else candidates, np.int64)
-        table = reader.read(need, rows=rows) if len(rows) else reader.read(need).slice(0, 0)
-        mask = np.asarray(where.evaluate(table).fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
-        return _conform(table, columns, target).filter(pa.array(mask))
-
-    def one(entry: Any) -> pa.Table:
-        if where is not None:
-            bounded = indexed(entry)
-            if bounded is not None:
-                return bounded
-        table = snap.files.open(entry).read(need)
-        keep: np.ndarray | None = None
-        deleted = snap.deleted(entry)
-        if len(deleted):
-            keep = np.ones(table.num_rows, dtype=bool)
-            keep[np.fromiter(deleted, np.int64, len(deleted))] = False
-        if where is not None:
-            selected = where.evaluate(table).fill_null(False)
-            mask = np.asarray(selected.to_numpy(zero_copy_only=False), dtype=bool)
-            keep = mask if keep is None else keep & mask
-        table = _conform(table, columns, target)
-        return table if keep is None else table.filter(pa.array(keep))
-
-    tables = [t for t in snap.map(one, entries) if t.num_rows]
-    return tables or [target.empty_table()]
+    tables = [
+        t.replace_schema_metadata(None) for t in snap.map(lambda e: snap.read_matching(e, columns, where), entries)
+    ]
+    return [t for t in tables if t.num_rows] or [pa.schema([snap.schema.field(c) for c in columns]).empty_table()]
 
 
 class SqlSession:
@@ -136,11 +93,18 @@ class SqlSession:
             self._names = self.conn.table_names()
         return self._names
 
+    def _exists(self, name: str) -> bool:
+        """Whether a table is called exactly ``name`` (pinning its snapshot if so): one pointer read, no listing."""
+        try:
+            self.snapshot(name)
+        except (TableNotFoundError, InvalidTableNameError):
+            return False
+        return True
+
     def _resolve(self, name: str) -> str:
-        names = self.table_names()
-        if name in names:
+        if self._exists(name):
             return name
-        folded = [n for n in names if n.lower() == name.lower()]
+        folded = [n for n in self.table_names() if n.lower() == name.lower()]
         if len(folded) == 1:
             return folded[0]
         raise TableNotFoundError(f"table {name!r} does not exist")
@@ -153,6 +117,16 @@ class SqlSession:
                 snap = self.conn.open_table(name)._snapshot  # opening read the latest pointer already
                 self._snapshots[name] = snap
             return snap
+
+    def scanned_tables(self) -> list[str]:
+        """Tables the query may scan. The names in its FROM / JOIN clauses are opened directly; the catalog is
+        listed only when one of them is no table (a case-folded name, a CTE) or the query did not parse."""
+        if self.hints.tables is None:
+            return [n for n in self.table_names() if self.hints.mentions_table(n)]
+        found = [n for n in sorted(self.hints.tables) if self._exists(n)]
+        if len(found) < len({n.lower() for n in self.hints.tables}):
+            found += [n for n in self.table_names() if n not in found and self.hints.mentions_table(n)]
+        return found
 
     def scalar_columns(self, snap: Snapshot) -> list[str]:
         vectors = snap.manifest.options.vector_columns
@@ -194,9 +168,7 @@ class SqlSession:
         return parse_predicate(self.pushed[name], snap.schema)
 
     def register_tables(self) -> None:
-        for name in self.table_names():
-            if not self.hints.mentions_table(name):
-                continue
+        for name in self.scanned_tables():
             snap = self.snapshot(name)
             cols = self.needed_columns(snap) or [ID]  # count(*) and friends still need the row count
             self._register(name, scan(snap, cols, self._pushdown(name, snap)))

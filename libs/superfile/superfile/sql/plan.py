@@ -29,7 +29,9 @@ class QueryHints:
     star: bool = True  # ``*`` (or an unparsable query): every scalar column may be needed
     identifiers: set[str] = field(default_factory=set)  # every identifier, as written and lower-cased
     words: set[str] = field(default_factory=set)  # every word of the text (table discovery fallback)
-    tables: set[str] | None = None  # names in FROM / JOIN positions, as written and lower-cased (None: unparsed)
+    tables: set[str] | None = (
+        None  # names in FROM / JOIN positions but CTEs', as written and lower-cased (None: unparsed)
+    )
     pushdown: dict[str, list[str]] = field(default_factory=dict)  # table name -> WHERE conjuncts (SQL text)
 
     def mentions_table(self, name: str) -> bool:
@@ -140,7 +142,9 @@ def analyze(query: str) -> QueryHints:
     if tree is None:
         return hints
     hints.parsed = True
-    hints.tables = {t.name for t in _named_tables(tree)} | {t.name.lower() for t in _named_tables(tree)}
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    named = {t.name for t in _named_tables(tree)}
+    hints.tables = {n for n in named | {n.lower() for n in named} if n.lower() not in ctes}
     hints.star = any(isinstance(s.parent, exp.Select | exp.Column) for s in tree.find_all(exp.Star))
     for ident in tree.find_all(exp.Identifier):
         hints.identifiers.add(ident.name)
