@@ -15,9 +15,15 @@ over all queries from 1 client thread (sequential) and from 2 client threads
 queries, queries/s = queries / wall time. Recall@10 of every vector setting is
 against exact float32 brute force over all rows (computed once, cached).
 
-``--kinds vector`` and ``--kinds bm25`` can run separately: each run updates
-its kind in bench/results/search.json (medians over ``--repeat`` runs) and
-rewrites bench/results/search.md from the whole file.
+``--kinds filtered`` runs vector search with a ``where`` predicate on
+``doc_id % 1000`` keeping 0.1%, 1%, 10% and 50% of the rows (uniform over the
+corpus), superfile beside LanceDB (``prefilter=True``); recall@10 is against the
+exact top 10 among the allowed rows. usearch has no predicate filter in its
+Python API and is left out.
+
+``--kinds vector``, ``--kinds filtered`` and ``--kinds bm25`` can run separately:
+each run updates its kind in bench/results/search.json (medians over ``--repeat``
+runs) and rewrites bench/results/search.md from the whole file.
 """
 
 from __future__ import annotations
@@ -47,7 +53,14 @@ DIM = 384
 K = 10
 BUILD_BATCH = 62_500
 SYSTEMS = ("superfile", "tantivy", "usearch", "lancedb")
-KIND_SYSTEMS = {"vector": ("superfile", "usearch", "lancedb"), "bm25": ("superfile", "tantivy", "lancedb")}
+KINDS = ("vector", "filtered", "bm25")
+KIND_SYSTEMS = {
+    "vector": ("superfile", "usearch", "lancedb"),
+    "filtered": ("superfile", "lancedb"),
+    "bm25": ("superfile", "tantivy", "lancedb"),
+}
+# filtered kind: rows with doc_id % 1000 < cut, i.e. these fractions of the table
+FILTER_LEVELS = (0.001, 0.01, 0.1, 0.5)
 # The settings measured per system; the first one is the system's defaults.
 VECTOR_SETTINGS: dict[str, list[dict[str, Any]]] = {
     "superfile": [{}, {"nprobe": 32}, {"nprobe": 24}, {"nprobe": 16}, {"nprobe": 8}],
@@ -81,12 +94,19 @@ def query_vectors(q: pa.Table) -> np.ndarray:
 
 
 def label(setting: dict[str, Any]) -> str:
+    if "level" in setting:
+        return f"where {setting['level']:.1%}"
     return "default" if not setting else " ".join(f"{k}={v}" for k, v in setting.items())
+
+
+def where_clause(level: float) -> str:
+    return f"doc_id % 1000 < {round(level * 1000)}"
 
 
 def paths(cache: Path) -> dict[str, Path]:
     return {
         "gt": cache / "ground_truth.npz",
+        "gt_filtered": cache / "ground_truth_filtered.npz",
         "superfile": cache / "superfile",
         "tantivy": cache / "tantivy",
         "usearch": cache / "usearch.index",
@@ -108,24 +128,37 @@ def record_build(cache: Path, what: str, info: dict[str, Any]) -> None:
 # -- builds (each in its own process) -----------------------------------------------------------
 
 
-def build_gt(cache: Path, rows: int) -> dict[str, Any]:
-    """Exact top-k by cosine over all rows (float32 numpy), for every query."""
+def build_gt(cache: Path, rows: int, filtered: bool = False) -> dict[str, Any]:
+    """Exact top-k by cosine (float32 numpy) for every query: over all rows, or (``filtered``) among the
+    rows each FILTER_LEVELS predicate keeps."""
     qv = query_vectors(queries())
     qn = qv / np.linalg.norm(qv, axis=1, keepdims=True)
-    best_ids = np.zeros((len(qn), 0), np.int64)
-    best_sim = np.zeros((len(qn), 0), np.float32)
+    cuts = [round(level * 1000) for level in FILTER_LEVELS] if filtered else [1000]
+    best_ids = [np.zeros((len(qn), 0), np.int64) for _ in cuts]
+    best_sim = [np.zeros((len(qn), 0), np.float32) for _ in cuts]
     t0 = time.perf_counter()
     for b in repeated(rows, BUILD_BATCH):
         v = np.asarray(b["embedding"].combine_chunks().values.to_numpy(), np.float32).reshape(-1, DIM)
         ids = b["doc_id"].to_numpy()
-        sim = qn @ v.T  # stored vectors are unit length
-        top = np.argpartition(-sim, K - 1, axis=1)[:, :K]
-        best_ids = np.concatenate([best_ids, ids[top]], axis=1)
-        best_sim = np.concatenate([best_sim, np.take_along_axis(sim, top, axis=1)], axis=1)
-        keep = np.argsort(-best_sim, axis=1, kind="stable")[:, :K]
-        best_ids = np.take_along_axis(best_ids, keep, axis=1)
-        best_sim = np.take_along_axis(best_sim, keep, axis=1)
-    np.savez(paths(cache)["gt"], ids=best_ids, sim=best_sim)
+        sim_all = qn @ v.T  # stored vectors are unit length
+        for j, cut in enumerate(cuts):
+            keep_rows = np.flatnonzero(ids % 1000 < cut)
+            if len(keep_rows) == 0:
+                continue
+            sim = sim_all[:, keep_rows]
+            kk = min(K, len(keep_rows))
+            top = np.argpartition(-sim, kk - 1, axis=1)[:, :kk]
+            cand_ids = np.concatenate([best_ids[j], ids[keep_rows][top]], axis=1)
+            cand_sim = np.concatenate([best_sim[j], np.take_along_axis(sim, top, axis=1)], axis=1)
+            keep = np.argsort(-cand_sim, axis=1, kind="stable")[:, :K]
+            best_ids[j] = np.take_along_axis(cand_ids, keep, axis=1)
+            best_sim[j] = np.take_along_axis(cand_sim, keep, axis=1)
+    if filtered:
+        np.savez(
+            paths(cache)["gt_filtered"], **{f"ids_{lv}": ids for lv, ids in zip(FILTER_LEVELS, best_ids, strict=True)}
+        )
+    else:
+        np.savez(paths(cache)["gt"], ids=best_ids[0], sim=best_sim[0])
     return {"seconds": time.perf_counter() - t0, "queries": len(qn)}
 
 
@@ -281,6 +314,11 @@ class Superfile:
             "embedding", self.vectors[i], k=K, nprobe=s.get("nprobe"), projection=["_id", "score"]
         )
 
+    def filtered(self, i: int, s: dict[str, Any]) -> pa.Table:
+        return self.t.vector_search(
+            "embedding", self.vectors[i], k=K, where=where_clause(s["level"]), projection=["_id", "score"]
+        )
+
     def bm25(self, i: int, s: dict[str, Any]) -> pa.Table:
         return self.t.bm25_search("text", self.texts[i], k=K, projection=["_id", "score"])
 
@@ -366,6 +404,10 @@ class LanceDB:
             b = b.refine_factor(s["refine"])
         return b.limit(K).select(["doc_id"]).to_arrow()
 
+    def filtered(self, i: int, s: dict[str, Any]) -> pa.Table:
+        b = self.t.search(self.vectors[i], vector_column_name="embedding").distance_type("cosine")
+        return b.where(where_clause(s["level"]), prefilter=True).limit(K).select(["doc_id"]).to_arrow()
+
     def bm25(self, i: int, s: dict[str, Any]) -> pa.Table:
         return self.t.search(self.texts[i], query_type="fts", fts_columns="text").limit(K).select(["doc_id"]).to_arrow()
 
@@ -406,15 +448,22 @@ def measure(system: str, kind: str, cache: Path, passes: int, threads: list[int]
     sysobj = CLASSES[system](cache, q)
     open_s = time.perf_counter() - t0
     fn = getattr(sysobj, kind)
-    settings = VECTOR_SETTINGS[system] if kind == "vector" else [{}]
-    gt = np.load(paths(cache)["gt"])["ids"] if kind == "vector" else None
+    settings: list[dict[str, Any]] = [{}]
+    gts: list[np.ndarray | None] = [None]
+    if kind == "vector":
+        settings = VECTOR_SETTINGS[system]
+        gts = [np.load(paths(cache)["gt"])["ids"]] * len(settings)
+    elif kind == "filtered":
+        settings = [{"level": level} for level in FILTER_LEVELS]
+        stored = np.load(paths(cache)["gt_filtered"])
+        gts = [stored[f"ids_{level}"] for level in FILTER_LEVELS]
     rows = []
     first_query_s = None
 
     def run_one(setting: dict[str, Any], i: int) -> Any:
         return fn(i, setting)
 
-    for s in settings:
+    for s, gt in zip(settings, gts, strict=True):
         if hasattr(sysobj, "prepare"):
             sysobj.prepare(s)
         t0 = time.perf_counter()
@@ -443,7 +492,12 @@ def measure(system: str, kind: str, cache: Path, passes: int, threads: list[int]
                 row["hits_avg"] = float(np.mean([len(d[0]) for d in decoded]))
                 if gt is not None:
                     row["recall"] = float(
-                        np.mean([len(set(d[0].tolist()) & set(gt[i].tolist())) / K for i, d in enumerate(decoded)])
+                        np.mean(
+                            [
+                                len(set(d[0].tolist()) & set(gt[i].tolist())) / max(1, len(gt[i]))
+                                for i, d in enumerate(decoded)
+                            ]
+                        )
                     )
                 else:  # kept for the cross-system score comparison in the parent; dropped before saving
                     row["scores"] = [d[1].tolist() for d in decoded]
@@ -478,6 +532,8 @@ def ensure_builds(args: argparse.Namespace, kinds: list[str], systems: list[str]
     record_build(cache, "config", cfg)
     needed = ["superfile"] + [s for s in systems if s != "superfile"]
     needed = [s for s in needed if any(s in KIND_SYSTEMS[k] for k in kinds)]
+    if "filtered" in kinds:
+        needed = ["gt_filtered", *needed]
     if "vector" in kinds:
         needed = ["gt", *needed]
     if "bm25" not in kinds:
@@ -557,7 +613,7 @@ def table_lines(results: dict[str, Any]) -> list[str]:
         "| p50 ms (2 thr) | p99 ms (2 thr) | q/s (2 thr) | superfiles searched / pruned |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for kind in ("vector", "bm25"):
+    for kind in KINDS:
         for system in SYSTEMS:
             r = results.get(kind, {}).get(system)
             if not r:
@@ -632,7 +688,9 @@ def markdown(results: dict[str, Any], target: float) -> str:
         "M=16) and LanceDB (native FTS, IVF_PQ) over the same rows, in the same run, each system in its own process. "
         f"{results.get('queries', 318)} real queries (Vaswani 93 + Cranfield 225), warm caches; latency percentiles "
         "are over queries; q/s = queries / wall time with 1 and 2 client threads. Recall@10 against exact float32 "
-        "brute force. 2-core machine shared with other jobs: medians of "
+        "brute force; filtered rows: `where doc_id % 1000 < cut` (uniform over the corpus), recall against the exact "
+        "top 10 among the allowed rows, LanceDB with prefilter=True, usearch has no predicate filter. "
+        "2-core machine shared with other jobs: medians of "
         f"{cfg.get('repeat', 1)} run(s).",
         "",
         *table_lines(results),
@@ -669,7 +727,7 @@ def main() -> None:
     p.add_argument("--max-rows-per-superfile", type=int, default=62_500)
     p.add_argument("--cache", default="/tmp/sfbench-search")
     p.add_argument("--rebuild", action="store_true", help="drop the cache and build every index again")
-    p.add_argument("--kinds", default="vector,bm25", help="vector, bm25 or both (vector runs first)")
+    p.add_argument("--kinds", default="vector,bm25", help="any of vector, filtered, bm25 (run in that order)")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--passes", type=int, default=2, help="passes over all queries per measurement")
@@ -684,6 +742,7 @@ def main() -> None:
         what = args.child_build
         fns: dict[str, Callable[[], dict[str, Any]]] = {
             "gt": lambda: build_gt(cache, args.rows),
+            "gt_filtered": lambda: build_gt(cache, args.rows, filtered=True),
             "superfile": lambda: build_superfile(cache, args.rows, args.max_rows_per_superfile),
             "tantivy": lambda: build_tantivy(cache, args.rows),
             "usearch": lambda: build_usearch(cache, args.rows),
@@ -697,7 +756,7 @@ def main() -> None:
         return
 
     command = " ".join([".venv/bin/python", "bench/search_bench.py", *map(shlex.quote, sys.argv[1:])])
-    kinds = [k for k in ("vector", "bm25") if k in args.kinds.split(",")]
+    kinds = [k for k in KINDS if k in args.kinds.split(",")]
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
     ensure_builds(args, kinds, systems)
 
