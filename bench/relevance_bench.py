@@ -319,18 +319,19 @@ def child_usearch(name: str, work: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     index.add(np.arange(len(x), dtype=np.uint64), x, threads=0)
     build_s = time.perf_counter() - t0
+    info = {
+        "dtype": str(index.dtype),
+        "connectivity": index.connectivity,
+        "expansion_add": index.expansion_add,
+        "expansion_search": index.expansion_search,  # the default, before the tuned pass below
+    }
     got, lat = timed_runs(lambda i: index.search(qv[i], K).keys.astype(np.int64).tolist(), len(qv))
     index.expansion_search = USEARCH_TUNED_EF
     tuned, tuned_lat = timed_runs(lambda i: index.search(qv[i], K).keys.astype(np.int64).tolist(), len(qv))
     return {
         "vector_tuned": {"setting": f"ef={USEARCH_TUNED_EF}", "rows": tuned, **lat_stats(tuned_lat)},
         "build_s": build_s,
-        "info": {
-            "dtype": str(index.dtype),
-            "connectivity": index.connectivity,
-            "expansion_add": index.expansion_add,
-            "expansion_search": index.expansion_search,
-        },
+        "info": info,
         "vector": {"rows": got, **lat_stats(lat)},
         "peak_rss_mb": peak_rss_mb(),
     }
