@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -46,9 +46,9 @@ APPLY_TIMEOUT_S = 120
 
 
 @pytest.fixture(autouse=True)
-def _no_query_left(spark: SparkSession) -> object:
-    """A failed test must not leave a streaming query running in the shared session."""
-    yield None
+def _no_query_left(spark: SparkSession) -> Iterator[None]:
+    """A failed test must not leave a streaming query running in the module's session."""
+    yield
     for query in spark.streams.active:
         query.stop()
 
