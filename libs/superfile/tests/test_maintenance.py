@@ -349,8 +349,9 @@ def test_optimize_racing_writer_processes_loses_nothing(
     ids = t.to_arrow(columns=["_id"])["_id"]
     assert len(pc.unique(ids)) == len(ids) == t.count_rows() == t.versions()[-1]["row_count"]
     assert sum(r["superfiles_removed"] > 0 for r in results) >= 2  # compactions published while writers ran
-    assert t.stats()["deleted_rows"] == 0 or results[-1]["superfiles_removed"] == 0
-    assert t.stats()["superfile_count"] <= math.ceil(t.count_rows() / 30)
+    # the last compaction materialized every deletion vector; all files but one small tail hold >= half the target
+    assert t.stats()["deleted_rows"] == 0
+    assert t.stats()["superfile_count"] <= t.count_rows() // 30 + 1
 
 
 # -- cleanup ---------------------------------------------------------------------------------------------------
@@ -474,6 +475,7 @@ def test_cleanup_with_writers_and_readers_never_breaks_a_retained_read(tmp_path:
         cleanups.append(t.cleanup(window, safety_margin=window))
         if cleanups[-1]["retained_versions"] == 1 and cleanups[-1]["files_removed"] == 0:
             break
+        time.sleep(0.2)  # poll interval while versions age
     stop.touch()
     for p, _, _ in readers:
         _finish(p, 120)
