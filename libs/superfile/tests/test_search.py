@@ -117,6 +117,52 @@ def test_filtered_vector_search_is_exact(fraction: float, cranfield: pa.Table) -
     assert np.mean(recalls) >= 0.95
 
 
+def test_repeated_filters_follow_deletes_and_appends() -> None:
+    """Filter results are cached per superfile: the same filter after a delete, an update and an append
+    must still return exactly the nearest live allowed rows."""
+    rng = np.random.default_rng(9)
+    n = 3_000
+    vectors = rng.standard_normal((n, 16)).astype(np.float32)
+    table = pa.table(
+        {
+            "n": np.arange(n),
+            "tag": np.where(np.arange(n) % 3 == 0, "keep", "drop"),
+            "v": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 16),
+        }
+    )
+    t = fresh("fcache").create_table(
+        "t", table.schema, fts_columns=["tag"], vector_columns={"v": {"dim": 16}}, max_rows_per_superfile=1_000
+    )
+    t.append(table)
+    q = rng.standard_normal(16).astype(np.float32)
+    filters = [{"filter": {"column": "tag", "query": "keep"}}, {"where": "n % 3 = 0"}]
+
+    def check(t: superfile.Supertable = t) -> None:
+        live = t.to_arrow(columns=["n", "tag", "v"])
+        keep = np.asarray([s == "keep" for s in live.column("tag").to_pylist()])
+        x = np.asarray(live.column("v").combine_chunks().values.to_numpy(), np.float32).reshape(-1, 16)
+        ns = live.column("n").to_numpy()[keep]
+        want = set(ns[exact_knn(x[keep], q, 10)].tolist())
+        for kw in filters:
+            got = t.vector_search("v", q, k=10, projection=["n"], **kw).column("n").to_pylist()
+            assert set(got) == want, kw
+
+    check()
+    first = t.vector_search("v", q, k=3, projection=["n"], **filters[1]).column("n").to_pylist()
+    before = t.version
+    t.delete(f"n IN ({', '.join(map(str, first))})")
+    check()
+    filters[1] = {"where": "n % 3 = 0 AND n >= 0"}  # first evaluated after the delete...
+    check()
+    check(t.checkout(before))  # ...then on the older version, whose deleted rows come back
+    t.update(f"n = {first[0] + 3}", {"n": [first[0] + 3], "tag": ["drop"], "v": [vectors[first[0] + 3].tolist()]})
+    filters[1] = {"where": "n % 3 = 0 AND tag = 'keep'"}  # the update keeps n: only the tag left the filter
+    check()
+    t.append({"n": [n], "tag": ["keep"], "v": [(q * 10).tolist()]})  # the new nearest allowed row
+    check()
+    assert t.vector_search("v", q, k=1, projection=["n"], **filters[0]).column("n").to_pylist() == [n]
+
+
 @pytest.fixture(scope="module")
 def glove(tmp_path_factory: pytest.TempPathFactory) -> tuple[superfile.Supertable, pa.Table, np.ndarray, np.ndarray]:
     """GloVe 6B 50-d (angular, little cluster structure: IVF's hard case): 399,000 rows on file:// as

@@ -12,18 +12,21 @@ columns. Result schemas carry per-query counts in their metadata
 from __future__ import annotations
 
 import array
+import hashlib
 import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyroaring
 
+from superfile._lru import LRU
 from superfile.errors import (
     InvalidInputError,
     InvalidOptionError,
@@ -98,6 +101,13 @@ class _DeletedTextCache:
 
 
 _deleted_text = _DeletedTextCache(1024)
+
+
+# Filter bitsets per superfile, as Elasticsearch caches them per segment: superfiles are immutable, so
+# (file, deletion vector, filter) -> matching rows never goes stale, and a repeated filter (a tenant, a
+# tag, a date range) costs a lookup instead of a postings walk or a column scan per query. Roaring
+# bitmaps of <= 100k-row files take <= 16 KB, so 512 entries stay under ~8 MB at the default file size.
+_filter_cache = LRU(512)
 
 
 @dataclass
@@ -402,18 +412,38 @@ class Searcher:
 
     # -- vectors -----------------------------------------------------------------------
     def _allowed(
-        self, e: SuperfileEntry, text_filter: Mapping[str, Any] | None, where: Predicate | None
+        self,
+        e: SuperfileEntry,
+        text_filter: Mapping[str, Any] | None,
+        where: Predicate | None,
+        where_text: str | None,
     ) -> pyroaring.AbstractBitMap | None:
+        """Live rows of ``e`` that pass both filters; each filter's rows come from ``_filter_cache``."""
         allow = self._live(e)
+        file_key = f"{self.snap.files.storage.uri}#{e.path}"
         if text_filter is not None:
             column, terms, mode = text_filter["column"], text_filter["terms"], text_filter["mode"]
-            matched = self._fulltext(e, column).match(terms, "and" if mode == "all" else "or")
+            key = "\x1f".join([file_key, "text", column, mode, *terms])
+            fts = self._fulltext(e, column)
+            matched, _ = _filter_cache.get_or_load(
+                key, lambda: pyroaring.FrozenBitMap(fts.match(terms, "and" if mode == "all" else "or"))
+            )
             allow = matched if allow is None else (matched & allow)
         if where is not None:
-            offsets = self.snap.matching_offsets(e, where)
-            matched = _bitmap(offsets)
+            # matching_offsets leaves out this snapshot's deleted rows, so the deletion vector is part of
+            # the key: an older version (as_of, restore) has fewer deletes and must not reuse the entry
+            dv = e.deletes.path if e.deletes is not None else ""
+            key = "\x1f".join([file_key, dv, "where", self._schema_key, str(where_text)])
+            matched, _ = _filter_cache.get_or_load(
+                key, lambda: pyroaring.FrozenBitMap(_bitmap(self.snap.matching_offsets(e, where)))
+            )
             allow = matched if allow is None else (matched & allow)
         return allow
+
+    @cached_property
+    def _schema_key(self) -> str:
+        """The table schema a ``where`` was resolved against (a changed schema must not reuse old entries)."""
+        return hashlib.blake2b(self.snap.schema.to_string().encode(), digest_size=8).hexdigest()
 
     def vector_search(
         self,
@@ -449,7 +479,7 @@ class Searcher:
         entries = _route(entries, column, q, metric)
 
         def one(e: SuperfileEntry) -> _Hits:
-            allow = self._allowed(e, tf, predicate)
+            allow = self._allowed(e, tf, predicate, where)
             if allow is not None and not len(allow):
                 return _Hits(e, np.zeros(0, np.int64), np.zeros(0, np.float32))
             index = self.snap.files.open(e).vector_index(column)
