@@ -66,11 +66,11 @@ def stream_files(
     topic_prefix: str = "superfile",
     max_files_per_trigger: int | None = None,
     once: bool = False,
-    sink: str = "datasource",
+    sink: str = "foreach_batch",
 ) -> StreamingQuery:
     """Start the query streaming ``source_dir`` into ``table``; returns the running query.
 
-    ``sink`` is ``datasource`` (``format("superfile")``) or ``foreach_batch`` (:class:`ForeachBatchSink`).
+    ``sink`` is ``foreach_batch`` (:class:`ForeachBatchSink`, the faster) or ``datasource`` (``format("superfile")``).
     """
     reader = spark.readStream.schema(read_schema(storage, table))
     if max_files_per_trigger:
@@ -100,7 +100,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", required=True, help="Spark checkpoint directory (one per query)")
     parser.add_argument("--max-files-per-trigger", type=int, default=None)
     parser.add_argument("--once", action="store_true", help="process the files present now, then exit")
-    parser.add_argument("--sink", default="datasource", choices=["datasource", "foreach_batch"])
+    parser.add_argument(
+        "--sink", default="foreach_batch", choices=["foreach_batch", "datasource"], help="see docs/ingest.md"
+    )
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
     spark = local_session(args.master)

@@ -116,7 +116,9 @@ def _assert_holds_exactly(table: superfile.Supertable, expected: pa.Table) -> No
     assert got.equals(expected.sort_by("id").cast(got.schema))
 
 
+@pytest.mark.parametrize("sink", ["datasource", "foreach_batch"])
 def test_cranfield_streams_into_a_table_searchable_alike_over_rest_sdk_and_embedded(
+    sink: str,
     spark: SparkSession,
     s3_uri: str,
     kafka: Server,
@@ -135,6 +137,7 @@ def test_cranfield_streams_into_a_table_searchable_alike_over_rest_sdk_and_embed
         checkpoint=str(tmp_path / "checkpoint"),
         max_files_per_trigger=1,
         once=True,
+        sink=sink,
     )
     _finish(query)
     events = _applied(table, kafka.url, builder)
