@@ -13,9 +13,9 @@ from urllib.parse import quote
 
 import boto3
 import pytest
+from faulty_proxy import FaultyProxy
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from faulty_proxy import FaultyProxy
 from superfile.errors import (
     InvalidInputError,
     InvalidOptionError,
