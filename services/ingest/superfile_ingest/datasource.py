@@ -2,9 +2,10 @@
 
 Spark runs the pieces in different processes:
 
-- at query start (driver), :meth:`SuperfileDataSource.streamWriter` opens the
-  table and checks the stream's schema against it, so a missing table or a
-  mismatched schema fails the query before any data moves;
+- at query start and when each micro-batch is planned (driver),
+  :meth:`SuperfileDataSource.streamWriter` opens the table and checks the
+  stream's schema against it, so a missing table or a mismatched schema fails
+  the query before any data moves;
 - on executors, :meth:`_StreamWriter.write` converts its partition's Arrow
   batches to the table's schema and returns them, with the query id read from
   the task's local properties (the writer is not told it), as the commit
