@@ -62,6 +62,13 @@ def check_all_ops(arr: pa.Array, kind: str, literals: list[Any]) -> None:
         for op in CMP:
             assert sorted(idx.lookup(op, v)) == brute(arr, op, v), (op, v)
     assert sorted(idx.lookup("in", [*literals[:3], None])) == brute(arr, "in", literals[:3])
+    for low in literals[:4]:  # one key range == the intersection of its two half-open lookups
+        for high in literals[:4]:
+            for lop, hop in ((">", "<"), (">=", "<="), (">", "<="), (">=", "<")):
+                both = idx.lookup(lop, low) & idx.lookup(hop, high)
+                assert idx.lookup_range((lop, low), (hop, high)) == both, (lop, low, hop, high)
+        assert idx.lookup_range((">=", low), None) == idx.lookup(">=", low)
+        assert idx.lookup_range(None, ("<", low)) == idx.lookup("<", low)
 
 
 def literals_from(values: list[Any], extra: list[Any]) -> list[Any]:

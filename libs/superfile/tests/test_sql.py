@@ -129,6 +129,8 @@ QUERIES = [
     "SELECT id FROM items WHERE cat = 'c1' OR cat = 'c4'",
     "SELECT id FROM items WHERE price BETWEEN 20 AND 40",
     "SELECT id FROM items WHERE price > 50 AND qty < 10",
+    "SELECT count(*), sum(price) FROM items WHERE qty > 10 AND qty <= 30",
+    "SELECT count(*) FROM items WHERE cat IN ('c0', 'c2', 'c9')",
     "SELECT id FROM items WHERE id >= 100 AND id < 150 AND cat <> 'c2'",
     "SELECT id, name FROM items WHERE name LIKE 'rust%'",
     "SELECT id FROM items WHERE name LIKE '%vector%' AND name NOT LIKE '%fast%'",

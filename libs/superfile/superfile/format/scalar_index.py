@@ -13,6 +13,7 @@ and is unordered, so ``x != v`` holds for NaN rows while ``=``, ``<`` ... never 
 
 from __future__ import annotations
 
+import array
 import datetime
 import decimal
 import json
@@ -241,9 +242,10 @@ def _put_bytes(parts: dict[str, bytes], sorted_values: pa.Array) -> None:
 
 
 def _bitmap(rows: np.ndarray) -> pyroaring.BitMap:
-    """A bitmap of row offsets (sorting first: Roaring builds sorted input fastest)."""
-    r = np.ascontiguousarray(np.sort(np.asarray(rows, dtype=np.uint32)))
-    return pyroaring.BitMap(memoryview(cast(Any, r))) if len(r) else pyroaring.BitMap()
+    """A bitmap of row offsets (sorting first: Roaring builds sorted input fastest; pyroaring takes an
+    ``array('I')`` in bulk, ~4x faster than a memoryview, which it converts value by value)."""
+    r = np.sort(np.asarray(rows, dtype=np.uint32))
+    return pyroaring.BitMap(array.array("I", r.tobytes())) if len(r) else pyroaring.BitMap()
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -326,6 +328,27 @@ class ScalarIndex:
         if lt < 0:  # the literal is NaN: unordered, equal to nothing
             return pyroaring.BitMap()
         lo, hi = {"=": (lt, le), "<": (0, lt), "<=": (0, le), ">": (le, self.count), ">=": (lt, self.count)}[op]
+        return self._range(lo, hi)
+
+    def lookup_range(self, low: tuple[str, Any] | None, high: tuple[str, Any] | None) -> pyroaring.BitMap:
+        """Rows where ``column > / >= low`` and ``column < / <= high`` (``(op, value)``, either side optional):
+        one bitmap built from the intersected key range, instead of two half-open ones intersected after."""
+        lo, hi = 0, self.count
+        for bound, ops in ((low, (">", ">=")), (high, ("<", "<="))):
+            if bound is None:
+                continue
+            op, value = bound
+            if op not in ops:
+                raise InvalidPredicateError(f"lookup_range: expected one of {ops}, got {op!r}")
+            if value is None:
+                return pyroaring.BitMap()  # a comparison with NULL is NULL
+            lt, le = self._bounds(value)
+            if lt < 0:  # NaN: unordered, matches nothing
+                return pyroaring.BitMap()
+            if op in (">", ">="):
+                lo = max(lo, le if op == ">" else lt)
+            else:
+                hi = min(hi, lt if op == "<" else le)
         return self._range(lo, hi)
 
     def values(self) -> pa.Array:

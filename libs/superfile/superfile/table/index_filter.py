@@ -32,6 +32,7 @@ from superfile.format.layout import idx_section
 __all__ = ["candidate_rows"]
 
 _OPS = {"=", "!=", "<", "<=", ">", ">="}
+_RANGE_OPS = {"<", "<=", ">", ">="}
 
 
 def candidate_rows(
@@ -55,8 +56,35 @@ def _column(node: Node) -> str | None:
 Bound = tuple[pyroaring.BitMap, bool] | None
 
 
+def _range_leaf(node: Node) -> tuple[str, str, object] | None:
+    """``(column, op, value)`` of a ``column < / <= / > / >= literal`` comparison."""
+    if isinstance(node, Compare) and isinstance(node.plan, ScalarPlan) and node.plan.op in _RANGE_OPS:
+        column = _column(node.plan.subject)
+        if column is not None:
+            return column, node.plan.op, node.plan.scalar.as_py()
+    return None
+
+
+def _one_range(left: Node, right: Node, reader: SuperfileReader) -> Bound:
+    """A lower and an upper bound on one scalar-indexed column (``BETWEEN``, ``x >= a AND x < b``) as one
+    key range: a non-selective side alone would materialise most of the file's rows."""
+    a, b = _range_leaf(left), _range_leaf(right)
+    if a is None or b is None or a[0] != b[0] or idx_section(a[0]) not in reader.sections:
+        return None
+    if a[1] in ("<", "<="):
+        a, b = b, a
+    if a[1] not in (">", ">=") or b[1] not in ("<", "<="):
+        return None
+    return reader.scalar_index(a[0]).lookup_range((a[1], a[2]), (b[1], b[2])), True
+
+
 def _bound(node: Node, reader: SuperfileReader, fts: set[str]) -> Bound:
+    if isinstance(node, Between):
+        node = And(node.lower, node.upper)
     if isinstance(node, And):
+        merged = _one_range(node.left, node.right, reader)
+        if merged is not None:
+            return merged
         left, right = _bound(node.left, reader, fts), _bound(node.right, reader, fts)
         if left is None or right is None:
             one = left if right is None else right
@@ -65,8 +93,6 @@ def _bound(node: Node, reader: SuperfileReader, fts: set[str]) -> Bound:
     if isinstance(node, Or):
         left, right = _bound(node.left, reader, fts), _bound(node.right, reader, fts)
         return None if left is None or right is None else (left[0] | right[0], left[1] and right[1])
-    if isinstance(node, Between):
-        return _bound(And(node.lower, node.upper), reader, fts)
     if isinstance(node, Compare):
         plan = node.plan
         if isinstance(plan, ConstPlan) and plan.outcome is not None:
