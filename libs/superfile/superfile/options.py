@@ -83,7 +83,6 @@ class TableOptions:
     manifest_part_max_bytes: int = 4 * 1024 * 1024
     manifest_eager_max_parts: int = 8
     commit_max_attempts: int = 40
-    verify_checksums: bool = True
 
     def __post_init__(self) -> None:
         for name, tok in self.fts_columns.items():

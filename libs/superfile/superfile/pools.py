@@ -11,17 +11,21 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["build_pool", "query_pool"]
+__all__ = ["build_pool", "query_pool", "query_threads"]
 
 _lock = threading.Lock()
 _pools: dict[str, ThreadPoolExecutor] = {}
+
+
+def _size(env: str) -> int:
+    return int(os.environ.get(env, "0")) or max(2, os.cpu_count() or 2)
 
 
 def _pool(kind: str, env: str) -> ThreadPoolExecutor:
     with _lock:
         pool = _pools.get(kind)
         if pool is None:
-            size = int(os.environ.get(env, "0")) or max(2, os.cpu_count() or 2)
+            size = _size(env)
             pool = _pools[kind] = ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"superfile-{kind}")
         return pool
 
@@ -32,3 +36,8 @@ def build_pool() -> ThreadPoolExecutor:
 
 def query_pool() -> ThreadPoolExecutor:
     return _pool("query", "SUPERFILE_QUERY_THREADS")
+
+
+def query_threads() -> int:
+    """How many threads the query pool has (or will have)."""
+    return _size("SUPERFILE_QUERY_THREADS")

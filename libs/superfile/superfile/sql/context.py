@@ -53,17 +53,10 @@ _PARTITIONS = 4
 
 
 def scan(snap: Snapshot, columns: list[str], where: Predicate | None) -> list[pa.Table]:
-    """Live rows of the snapshot's superfiles that ``where`` may match, one table per superfile.
-
-    Superfiles are pruned by their manifest statistics first; each kept one is
-    read once (``Snapshot.read_matching``: index-bounded when its indexes allow).
-    Always at least one (possibly empty) table, so the schema is known.
-    """
-    entries = sorted(snap.entries(where), key=lambda e: (e.id_min, e.path))
-    tables = [
-        t.replace_schema_metadata(None) for t in snap.map(lambda e: snap.read_matching(e, columns, where), entries)
-    ]
-    return [t for t in tables if t.num_rows] or [pa.schema([snap.schema.field(c) for c in columns]).empty_table()]
+    """Live rows of the snapshot's superfiles that ``where`` may match, one table per superfile
+    (``Snapshot.scan_parts``: pruned by manifest statistics, index-bounded where the indexes allow);
+    always at least one (possibly empty) table, so the schema is known."""
+    return snap.scan_parts(columns, where) or [pa.schema([snap.schema.field(c) for c in columns]).empty_table()]
 
 
 class SqlSession:
@@ -153,19 +146,25 @@ class SqlSession:
         texts = self.hints.pushdown.get(name)
         if not texts:
             return None
-        kept = []
-        for text in texts:
+
+        def pushable(text: str) -> Predicate | None:
             try:
                 pred = parse_predicate(text, snap.schema)
             except (InvalidPredicateError, SuperfileError):
-                continue
+                return None
             fields = [snap.schema.field(c) for c in pred.columns]
-            if all(any(ok(f.type) for ok in _PUSHABLE_TYPES) for f in fields):
-                kept.append(f"({text})")
-        if not kept:
-            return None
-        self.pushed[name] = " AND ".join(kept)
-        return parse_predicate(self.pushed[name], snap.schema)
+            return pred if all(any(ok(f.type) for ok in _PUSHABLE_TYPES) for f in fields) else None
+
+        joined = " AND ".join(f"({t})" for t in texts)
+        pred = pushable(joined)  # the usual case, every conjunct pushable: one parse
+        if pred is None:
+            kept = [f"({t})" for t in texts if pushable(t) is not None]
+            if not kept:
+                return None
+            joined = " AND ".join(kept)
+            pred = parse_predicate(joined, snap.schema)
+        self.pushed[name] = joined
+        return pred
 
     def register_tables(self) -> None:
         for name in self.scanned_tables():

@@ -18,7 +18,7 @@ from superfile.format import SuperfileReader
 from superfile.io import Storage
 from superfile.manifest.model import ManifestList, PartRef, SuperfileEntry
 from superfile.manifest.store import ManifestStore
-from superfile.pools import query_pool
+from superfile.pools import query_pool, query_threads
 from superfile.schema import ID
 from superfile.table.index_filter import candidate_rows
 
@@ -35,14 +35,14 @@ def offsets_of(rows: pyroaring.AbstractBitMap) -> np.ndarray:
     return np.frombuffer(rows.to_array(), np.uint32).astype(np.int64)
 
 
-def _read_columns(reader: SuperfileReader, names: list[str], rows: np.ndarray | None) -> pa.Table:
+def _read_columns(reader: SuperfileReader, names: list[str], rows: np.ndarray | None, use_threads: bool) -> pa.Table:
     """Scalar columns ``names`` of all rows or of the given offsets: ``_id`` from the raw id section (a
     zero-copy view, nothing decoded), the others decoded from Parquet."""
     parquet = [c for c in names if c != ID]
     ids = pa.array(reader.ids(rows), pa.uint64()) if ID in names or not parquet else None
     if not parquet:  # also for no column at all: the ids carry the row count
         return pa.table({ID: ids})
-    table = reader.read(parquet, rows=rows)
+    table = reader.read(parquet, rows=rows, use_threads=use_threads)
     return table if ids is None else table.add_column(0, pa.field(ID, pa.uint64(), nullable=False), ids)
 
 
@@ -154,7 +154,9 @@ class Snapshot:
             arrays.append(reader.vectors(c, offsets) if c in vector_cols else table.column(c))
         return pa.Table.from_arrays(arrays, schema=pa.schema([self.schema.field(c) for c in columns]))
 
-    def read_matching(self, entry: SuperfileEntry, columns: Sequence[str], where: Predicate | None) -> pa.Table:
+    def read_matching(
+        self, entry: SuperfileEntry, columns: Sequence[str], where: Predicate | None, *, use_threads: bool = True
+    ) -> pa.Table:
         """Live rows of one superfile that satisfy ``where``, in row order, with ``columns`` typed as the schema.
 
         The superfile's scalar / term indexes bound ``where`` when they can.
@@ -162,7 +164,8 @@ class Snapshot:
         candidates are few (or no Parquet column is needed: ``_id`` comes from
         the raw id section) only those rows are read. Otherwise the needed
         columns and the predicate's are decoded once, whole, and deleted rows
-        and rows failing ``where`` dropped by one mask.
+        and rows failing ``where`` dropped by one mask. ``use_threads``: decode with Arrow's threads (off when
+        the caller reads several superfiles in parallel already).
         """
         reader = self.files.open(entry)
         deleted = self.deleted(entry)
@@ -180,7 +183,7 @@ class Snapshot:
                     if exact:
                         check = None  # the indexes answered it: the candidates are the matches
         need = list(dict.fromkeys([*scalar, *(sorted(check.columns) if check is not None else ())]))
-        table = _read_columns(reader, need, rows)
+        table = _read_columns(reader, need, rows, use_threads)
         keep: np.ndarray | None = None
         if rows is None and len(deleted):
             keep = np.ones(table.num_rows, dtype=bool)
@@ -198,11 +201,21 @@ class Snapshot:
             return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
         return pa.Table.from_arrays(arrays, names=list(columns)).cast(pa.schema(fields))
 
+    def scan_parts(self, columns: Sequence[str], where: Predicate | None = None) -> list[pa.Table]:
+        """Every live row matching ``where``: one table per superfile that has some, in ``_id`` order of
+        superfiles (rows of one file stay in order), read in parallel."""
+        entries = sorted(self.entries(where), key=lambda e: (e.id_min, e.path))
+        threads = len(entries) < query_threads()  # else one superfile per worker keeps every core busy
+
+        def one(entry: SuperfileEntry) -> pa.Table:
+            return self.read_matching(entry, columns, where, use_threads=threads)
+
+        return [t for t in self.map(one, entries) if t.num_rows]
+
     def scan(self, columns: Sequence[str] | None = None, where: Predicate | None = None) -> pa.Table:
         """Every live row matching ``where``, in ``_id`` order of superfiles (rows of one file stay in order)."""
         cols = list(columns) if columns is not None else list(self.schema.names)
-        entries = sorted(self.entries(where), key=lambda e: (e.id_min, e.path))
-        tables = [t for t in self.map(lambda e: self.read_matching(e, cols, where), entries) if t.num_rows]
+        tables = self.scan_parts(cols, where)
         target = pa.schema([self.schema.field(c) for c in cols])
         return pa.concat_tables(tables).combine_chunks() if tables else target.empty_table()
 
