@@ -30,6 +30,9 @@ R = TypeVar("R")
 INDEXED_FRACTION = 0.1  # read only a superfile's index candidates when they are at most this share of its rows
 
 
+_FEW_ROWS = 1024
+
+
 def offsets_of(rows: pyroaring.AbstractBitMap) -> np.ndarray:
     """Row offsets of a bitmap, ascending (``to_array`` is ~15x faster than iterating it)."""
     return np.frombuffer(rows.to_array(), np.uint32).astype(np.int64)
@@ -148,7 +151,8 @@ class Snapshot:
         reader = self.files.open(entry)
         vector_cols = self.manifest.options.vector_columns
         scalar = [c for c in columns if c not in vector_cols]
-        table = reader.read(scalar, rows=offsets) if scalar else pa.table({})
+        # a few rows (a top-k's): decoding them on this thread beats handing the row groups to Arrow's pool
+        table = reader.read(scalar, rows=offsets, use_threads=len(offsets) > _FEW_ROWS) if scalar else pa.table({})
         arrays = []
         for c in columns:
             arrays.append(reader.vectors(c, offsets) if c in vector_cols else table.column(c))
