@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-import httpx
+import urllib3
 
 from superfile_suite.servers import start_moto, start_redis, start_tansu
 
@@ -49,9 +49,9 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], name: str) -> None:
         if proc.poll() is not None:
             raise SystemExit(f"{name} exited with {proc.returncode}; see its log")
         try:
-            if httpx.get(url, timeout=1).status_code == 200:
+            if urllib3.request("GET", url, timeout=1, retries=False).status == 200:
                 return
-        except httpx.HTTPError:
+        except urllib3.exceptions.HTTPError:
             pass
         time.sleep(0.2)
     raise SystemExit(f"{name} not ready at {url} after {_READY_TIMEOUT:.0f} s; see its log")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import socket
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -10,8 +12,10 @@ from pathlib import Path
 import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import superfile
 from gateway_helpers import MAX_BODY, SCHEMA, error_of, rows, state
+from superfile.remote.errors import GatewayUnavailableError
 from superfile.remote.wire import ARROW_STREAM, from_ipc, to_ipc
 from superfile_gateway import BackgroundServer, Settings, parse_api_keys
 
@@ -236,3 +240,20 @@ def test_concurrent_searches(server: BackgroundServer, engine: superfile.Connect
 
         with ThreadPoolExecutor(8) as pool:
             assert all(pool.map(one, range(64)))
+
+
+def test_sdk_reports_an_unreachable_or_silent_gateway() -> None:
+    """No server on the port: unreachable. A server that accepts and never answers: no answer in time."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        free = socket.socket()
+        free.bind(("127.0.0.1", 0))
+        closed_port = free.getsockname()[1]
+        free.close()
+        with pytest.raises(GatewayUnavailableError, match="unreachable"):
+            superfile.connect(f"http://127.0.0.1:{closed_port}", api_key="k").table_names()
+        start = time.monotonic()
+        with pytest.raises(GatewayUnavailableError, match="did not answer in time"):
+            superfile.connect(f"http://127.0.0.1:{silent.getsockname()[1]}", api_key="k", timeout=0.5).table_names()
+        assert time.monotonic() - start < 5

@@ -160,7 +160,7 @@ class RemoteTable:
 
     def count_rows(self, where: str | None = None) -> int:
         params, position = self._read_params()
-        count = int(self._conn._json("POST", f"{self._path}/count", json={"where": where}, params=params)["count"])
+        count = int(self._conn._json("POST", f"{self._path}/count", payload={"where": where}, params=params)["count"])
         self._seen(position)
         return count
 
@@ -238,7 +238,7 @@ class RemoteTable:
 
     def delete(self, where: str, *, wait: bool = True) -> int | None:
         """Delete every row matching the SQL predicate; returns the version (see ``append`` for ``wait``)."""
-        return self._write("delete", wait, json={"where": where})
+        return self._write("delete", wait, payload={"where": where})
 
     def update(self, where: str, data: Any, *, wait: bool = True) -> int | None:
         """Replace the rows matching ``where`` 1:1 by ``data``, keeping their ``_id``; returns the version."""
@@ -253,7 +253,7 @@ class RemoteTable:
     def restore(self, version: int, *, wait: bool = True) -> int | None:
         """Publish a retained version's contents as the newest version; returns that version (see ``append``
         for ``wait``; in suite mode the builder applies it in log order)."""
-        return self._write("restore", wait, json={"version": check_version(version)})
+        return self._write("restore", wait, payload={"version": check_version(version)})
 
     # -- maintenance ----------------------------------------------------------------------
     def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]:
@@ -261,7 +261,7 @@ class RemoteTable:
         ``target_bytes``) and drop deleted rows; the gateway runs it. Returns counts and the version published."""
         self._writable()
         body = {"target_rows": target_rows, "target_bytes": target_bytes}
-        return dict(self._conn._json("POST", f"{self._path}/optimize", json=body))
+        return dict(self._conn._json("POST", f"{self._path}/optimize", payload=body))
 
     def cleanup(
         self,
@@ -279,7 +279,7 @@ class RemoteTable:
             "safety_margin": None if safety_margin is None else _seconds("safety_margin", safety_margin),
             "dry_run": dry_run,
         }
-        return dict(self._conn._json("POST", f"{self._path}/cleanup", json=body))
+        return dict(self._conn._json("POST", f"{self._path}/cleanup", payload=body))
 
     def __repr__(self) -> str:
         at = f", version={self._pinned}" if self._pinned is not None else ""
