@@ -186,6 +186,9 @@ class Snapshot:
                     rows = offsets_of(candidates - deleted if len(deleted) else candidates)
                     if exact:
                         check = None  # the indexes answered it: the candidates are the matches
+        fields = [self.schema.field(c) for c in columns]
+        if rows is not None and not len(rows):  # the indexes rule out every row: nothing to decode
+            return pa.schema(fields).empty_table()
         need = list(dict.fromkeys([*scalar, *(sorted(check.columns) if check is not None else ())]))
         table = _read_columns(reader, need, rows, use_threads)
         keep: np.ndarray | None = None
@@ -199,7 +202,6 @@ class Snapshot:
             table = table.filter(pa.array(keep))
             if vector_cols:
                 rows = np.flatnonzero(keep) if rows is None else rows[keep]
-        fields = [self.schema.field(c) for c in columns]
         arrays = [reader.vectors(c, rows) if c in vector_cols else table.column(c) for c in columns]
         if all(a.type == f.type for a, f in zip(arrays, fields, strict=True)):
             return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
