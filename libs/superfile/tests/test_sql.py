@@ -15,7 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 import superfile
 from superfile.errors import InvalidInputError, SqlError
+from superfile.expressions import parse_predicate
 from superfile.sql import RRF_K, SqlSession, rrf_fuse
+from superfile.sql.context import pinned_values
 
 CRANFIELD = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield"
 
@@ -160,6 +162,10 @@ QUERIES = [
     "SELECT * FROM shops",
     "SELECT * FROM items WHERE id = 5",
     "SELECT count(*) FROM items WHERE cat = 'nope'",
+    # pinned columns (filled with the literal, not decoded) in SELECT, GROUP BY and with other conjuncts
+    "SELECT cat, qty, count(*) AS n, sum(price) AS s FROM items WHERE cat = 'c1' AND qty = 7 GROUP BY cat, qty",
+    "SELECT * FROM items WHERE cat = 'c2' AND price > 20",
+    "SELECT count(*) FROM items WHERE qty = 7 AND cat = 'c3'",
 ]
 
 
@@ -186,6 +192,15 @@ def test_vector_columns_are_not_sql_columns(world: World) -> None:
     assert "emb" not in world.conn.sql("SELECT * FROM items LIMIT 1").schema.names
     with pytest.raises(SqlError):
         world.conn.sql("SELECT emb FROM items")
+
+
+def test_pinned_values_are_equality_conjuncts_on_integer_and_string_columns(world: World) -> None:
+    schema = world.items.schema
+    where = parse_predicate("cat = 'c1' AND qty = 7 AND price = 2.5 AND (id = 3 OR id = 4) AND name <> 'x'", schema)
+    pinned = pinned_values(where, schema)
+    assert pinned == {"cat": pa.scalar("c1", pa.string()), "qty": pa.scalar(7, pa.int64())}
+    assert pinned_values(parse_predicate("cat = 'c1' OR qty = 7", schema), schema) == {}
+    assert pinned_values(None, schema) == {}
 
 
 def test_pushdown_of_simple_filters(world: World) -> None:

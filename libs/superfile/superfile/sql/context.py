@@ -24,6 +24,7 @@ from superfile.errors import (
     TableNotFoundError,
 )
 from superfile.expressions import Predicate, parse_predicate
+from superfile.expressions.nodes import And, Column, Compare, ScalarPlan
 from superfile.schema import ID
 from superfile.sql.functions import FUNCTIONS, TableFunctionError
 from superfile.sql.plan import QueryHints, analyze
@@ -57,6 +58,28 @@ def scan(snap: Snapshot, columns: list[str], where: Predicate | None) -> list[pa
     (``Snapshot.scan_parts``: pruned by manifest statistics, index-bounded where the indexes allow);
     always at least one (possibly empty) table, so the schema is known."""
     return snap.scan_parts(columns, where) or [pa.schema([snap.schema.field(c) for c in columns]).empty_table()]
+
+
+def pinned_values(where: Predicate | None, schema: pa.Schema) -> dict[str, pa.Scalar]:
+    """Columns a pushed predicate pins to one value: its ``column = literal`` conjuncts over integer or string
+    columns (where equal means identical). Every row the scan returns holds that value, so such a column is
+    filled with it instead of decoded: a selective filter answered by an index then decodes nothing."""
+    pinned: dict[str, pa.Scalar] = {}
+    stack = [where.root] if where is not None else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, And):
+            stack += [node.left, node.right]
+        elif (
+            isinstance(node, Compare)
+            and isinstance(node.plan, ScalarPlan)
+            and node.plan.op == "="
+            and isinstance(node.plan.subject, Column)
+        ):
+            field = schema.field(node.plan.subject.name)
+            if any(ok(field.type) for ok in (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string)):
+                pinned[field.name] = node.plan.scalar.cast(field.type)
+    return pinned
 
 
 class SqlSession:
@@ -170,7 +193,20 @@ class SqlSession:
         for name in self.scanned_tables():
             snap = self.snapshot(name)
             cols = self.needed_columns(snap) or [ID]  # count(*) and friends still need the row count
-            self._register(name, scan(snap, cols, self._pushdown(name, snap)))
+            where = self._pushdown(name, snap)
+            pinned = pinned_values(where, snap.schema)
+            parts = scan(snap, [c for c in cols if c not in pinned] or [ID], where)
+            if pinned:
+                fields = [snap.schema.field(c) for c in cols]
+                # (pyarrow-stubs type repeat() per concrete scalar class only)
+                parts = [
+                    pa.Table.from_arrays(
+                        [pa.repeat(pinned[c], p.num_rows) if c in pinned else p.column(c) for c in cols],  # type: ignore[call-overload]
+                        schema=pa.schema(fields),
+                    )
+                    for p in parts
+                ]
+            self._register(name, parts)
 
     def _register(self, name: str, parts: list[pa.Table]) -> None:
         partitions: list[list[pa.RecordBatch]] = [[] for _ in range(_PARTITIONS)]
