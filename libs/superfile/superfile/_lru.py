@@ -21,6 +21,10 @@ class LRU:
         self._lock = threading.Lock()
         self._capacity = capacity
 
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._items
+
     def get_or_load(self, key: str, load: Callable[[], T]) -> tuple[T, bool]:
         with self._lock:
             fut = self._items.get(key)

@@ -48,11 +48,13 @@ from superfile.errors import CorruptSuperfileError, InvalidOptionError
 __all__ = [
     "FIELDNORMS",
     "TOKENIZERS",
+    "Candidates",
     "CorpusStats",
     "FullTextBlob",
     "FullTextIndex",
     "build_fulltext",
     "fieldnorm_id",
+    "global_top_k",
     "make_analyzer",
     "value_hash",
 ]
@@ -606,28 +608,47 @@ class FullTextIndex:
         float64 from per-row quantities only, so a row scores the same however
         the table is split into files. Best first; ties by row offset; rows
         scoring 0 are not returned. ``mode`` and ``allow`` as in :meth:`search`.
+        The one-file case of :func:`global_top_k` (see :meth:`candidates`).
+        """
+        found = self.candidates(terms, k, stats, mode=mode, allow=allow, weights=weights)
+        if found is None:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        rows, scores = global_top_k([found], k)[0]
+        order = np.lexsort((rows, -scores))[:k]
+        return rows[order], scores[order]
+
+    def candidates(
+        self,
+        terms: Sequence[str],
+        k: int,
+        stats: CorpusStats,
+        *,
+        mode: str = "any",
+        allow: pyroaring.AbstractBitMap | None = None,
+        weights: Mapping[str, float] | None = None,
+    ) -> Candidates | None:
+        """This file's first BM25 candidates for a table-wide top-``k``, with bounds on their table-wide scores
+        (None when no row of the file can score). :func:`global_top_k` merges the candidates of many files.
 
         How: tantivy ranks candidates with idf-corrected boosts (its own avgdl);
-        a candidate's tf per term is recovered by inverting tantivy's score of
-        that term alone; exact scores come from tf, the stored fieldnorm and the
-        global statistics, only for candidates that can still make the top-k.
-        A local score bounds the global one given dl (see :meth:`_Lengths.ratio`),
-        so more candidates are read (4x per round) until the k-th exact score
-        beats the bound of every row not read yet. See docs/format.md.
+        a candidate's tf per term is later recovered by inverting tantivy's
+        score of that term alone, and its exact score computed from tf, the
+        stored fieldnorm and the global statistics, only for candidates that
+        can still make the top-k. A local score bounds the global one given dl
+        (see :meth:`_Lengths.ratio`). See docs/format.md.
         """
         required = _mode(mode)
         uniq = list(dict.fromkeys(terms))
-        empty = (np.empty(0, np.int64), np.empty(0, np.float32))
         if k <= 0 or not uniq or self.num_docs == 0:
-            return empty
+            return None
         plan = _GlobalPlan.make(self, uniq, required, stats, weights or {})
         if plan is None:
-            return empty
+            return None
         query, keep, limit = plan.query, None, k + _FIRST_EXTRA
         if allow is not None:
             n_allow = allow.range_cardinality(0, self.num_docs)
             if n_allow == 0:
-                return empty
+                return None
             if n_allow < self.num_docs and n_allow <= _SMALL_ALLOW:
                 members = [r for r in allow.to_array().tolist() if r < self.num_docs]
                 query = tantivy.Query.boolean_query(
@@ -639,19 +660,9 @@ class FullTextIndex:
             elif n_allow < self.num_docs:
                 keep = allow
                 limit = max(limit, math.ceil(limit * self.num_docs / n_allow))
-        known: dict[int, float] = {}  # row -> exact score, kept across rounds
-        while True:
-            limit = min(limit, self.num_docs)
-            rows, local, docs = self._hits(query, limit)
-            exhausted = len(rows) < limit or limit == self.num_docs
-            unseen = -math.inf if exhausted else plan.unseen_bound(float(local[-1]))
-            if keep is not None:
-                mask = np.fromiter((r in keep for r in rows.tolist()), bool, len(rows))
-                rows, local, docs = rows[mask], local[mask], [d for d, m in zip(docs, mask, strict=True) if m]
-            best_rows, best_scores = plan.rank(rows, local, docs, k, known)
-            if exhausted or (len(best_rows) == k and float(best_scores[-1]) > unseen):
-                return best_rows, best_scores
-            limit *= 4
+        found = Candidates(plan, query, keep, limit)
+        found.read()
+        return found
 
     def _hits(self, query: tantivy.Query, limit: int) -> tuple[np.ndarray, np.ndarray, list[tantivy.DocAddress]]:
         """The first ``limit`` hits as (row offsets, float64 scores, doc addresses)."""
@@ -754,6 +765,82 @@ class FullTextIndex:
         hits = self.searcher.search(query, bound, count=False).hits
         rows = self.searcher.fast_field_values(ROW_FIELD, [a for _, a in hits])
         return pyroaring.BitMap(array.array("I", cast(list[int], rows)))
+
+
+class Candidates:
+    """The candidates one file has read so far for a table-wide BM25 top-k: row offsets, tantivy's local
+    scores, and bounds on their exact table-wide scores (exact once computed). Rows not read yet score at
+    most ``unseen``."""
+
+    def __init__(self, plan: _GlobalPlan, query: tantivy.Query, keep: pyroaring.AbstractBitMap | None, limit: int):
+        self.plan, self.query, self.keep, self.limit = plan, query, keep, limit
+        self.known: dict[int, float] = {}  # row -> exact score, kept across reads
+        self.rows = np.empty(0, np.int64)
+        self.low = self.high = np.empty(0, np.float64)
+        self.unseen = -math.inf
+        self._local = np.empty(0, np.float64)
+        self._docs: list[tantivy.DocAddress] = []
+
+    def read(self) -> None:
+        """(Re)read the first ``limit`` hits and bound their scores and the rest's."""
+        index = self.plan.index
+        self.limit = min(self.limit, index.num_docs)
+        rows, local, docs = index._hits(self.query, self.limit)
+        exhausted = len(rows) < self.limit or self.limit == index.num_docs
+        self.unseen = -math.inf if exhausted else self.plan.unseen_bound(float(local[-1]))
+        if self.keep is not None:
+            mask = np.fromiter((r in self.keep for r in rows.tolist()), bool, len(rows))
+            rows, local, docs = rows[mask], local[mask], [d for d, m in zip(docs, mask, strict=True) if m]
+        self.rows, self._local, self._docs = rows, local, docs
+        self.low, self.high = self.plan.bounds(rows, local)
+        if self.known:
+            exact = np.fromiter((self.known.get(r, math.nan) for r in rows.tolist()), np.float64, len(rows))
+            have = ~np.isnan(exact)
+            self.low[have] = self.high[have] = exact[have]
+
+    def deepen(self) -> None:
+        """Read four times as many hits."""
+        self.limit *= 4
+        self.read()
+
+    def settle(self, threshold: float) -> None:
+        """Exact scores for every candidate whose bound reaches ``threshold`` (the table's k-th lower bound)."""
+        todo = np.flatnonzero((self.high >= threshold) & (self.low != self.high))
+        if len(todo):
+            exact = self.plan.exact(self.rows[todo], self._local[todo], [self._docs[i] for i in todo.tolist()])
+            self.known.update(zip(self.rows[todo].tolist(), exact.tolist(), strict=True))
+            self.low[todo] = self.high[todo] = exact
+
+
+def _kth_low(found: Sequence[Candidates], k: int) -> float:
+    lows = np.concatenate([c.low for c in found]) if found else np.empty(0)
+    return float(np.partition(lows, len(lows) - k)[len(lows) - k]) if len(lows) >= k else -math.inf
+
+
+def global_top_k(found: Sequence[Candidates], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The table-wide exact top-``k`` over several files' candidates: per file, (row offsets, exact scores) of
+    its rows that can be in it (the caller ranks them; at most ``k`` of them all are).
+
+    Files whose unread rows could still beat the k-th best lower bound read deeper; then exact scores are
+    computed only for candidates whose upper bound reaches it. A file none of whose candidates can make the
+    table's top-k computes no exact score at all: that is the cost of a search over many files.
+    """
+    while True:
+        threshold = _kth_low(found, k)
+        deeper = [c for c in found if c.unseen > -math.inf and c.unseen >= threshold]  # -inf: read to the end
+        if not deeper:
+            break
+        for c in deeper:
+            c.deepen()
+    for c in found:
+        if len(c.rows) and float(c.high.max()) >= threshold:
+            c.settle(threshold)
+    threshold = _kth_low(found, k)  # exact scores only raise lower bounds: fewer rows remain in contention
+    out = []
+    for c in found:
+        pick = np.flatnonzero((c.high >= threshold) & (c.low > 0))
+        out.append((c.rows[pick], c.low[pick].astype(np.float32)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -878,38 +965,12 @@ class _GlobalPlan:
     def weight(self) -> float:
         return float(self.global_weights.sum())
 
-    def rank(
-        self,
-        rows: np.ndarray,
-        local: np.ndarray,
-        docs: list[tantivy.DocAddress],
-        k: int,
-        known: dict[int, float],
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The exact top-k among candidate rows (tantivy's local scores ``local``), computing exact scores
-        only for candidates whose upper bound reaches the k-th best lower bound."""
-        if len(rows) == 0:
-            return np.empty(0, np.int64), np.empty(0, np.float32)
+    def bounds(self, rows: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Lower and upper bounds of the exact global scores of rows with these local (tantivy) scores."""
         ratio = self.lengths.ratio(self.ids[rows], local, self.weight)
-        low = np.minimum(1.0, ratio) * local * (1 - _SLACK)
-        high = np.maximum(1.0, ratio) * local * (1 + _SLACK)
-        exact = np.full(len(rows), math.nan)
-        if known:
-            exact = np.fromiter((known.get(r, math.nan) for r in rows.tolist()), np.float64, len(rows))
-        have = ~np.isnan(exact)
-        low[have] = high[have] = exact[have]
-        threshold = np.partition(low, len(low) - k)[len(low) - k] if len(low) >= k else -math.inf
-        contender = high >= threshold
-        todo = np.flatnonzero(contender & ~have)
-        if len(todo):
-            exact[todo] = self._exact(rows[todo], local[todo], [docs[i] for i in todo.tolist()])
-            known.update(zip(rows[todo].tolist(), exact[todo].tolist(), strict=True))
-        pick = np.flatnonzero(contender & (exact > 0))
-        scores = exact[pick].astype(np.float32)
-        order = np.lexsort((rows[pick], -scores))[:k]
-        return rows[pick][order], scores[order]
+        return np.minimum(1.0, ratio) * local * (1 - _SLACK), np.maximum(1.0, ratio) * local * (1 + _SLACK)
 
-    def _exact(self, rows: np.ndarray, local: np.ndarray, docs: list[tantivy.DocAddress]) -> np.ndarray:
+    def exact(self, rows: np.ndarray, local: np.ndarray, docs: list[tantivy.DocAddress]) -> np.ndarray:
         """Exact global scores of these rows from each term's tf, recovered from tantivy's scores.
 
         One term query per term restricted to the rows, except for the term

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import math
 from collections.abc import Iterable
@@ -15,10 +16,15 @@ __all__ = ["BloomFilter"]
 _FALSE_POSITIVE_RATE = 0.01
 
 
-def _hashes(terms: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
+@functools.lru_cache(maxsize=1024)
+def _hashes(terms: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The two base hashes of each term (cached: a query checks the same terms against every superfile)."""
     digests = b"".join(hashlib.blake2b(t.encode(), digest_size=16).digest() for t in terms)
     words = np.frombuffer(digests, dtype="<u8").reshape(-1, 2)
-    return words[:, 0], words[:, 1] | np.uint64(1)
+    h1, h2 = words[:, 0].copy(), words[:, 1] | np.uint64(1)
+    h1.setflags(write=False)
+    h2.setflags(write=False)
+    return h1, h2
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,7 @@ class BloomFilter:
 
     @staticmethod
     def _positions(terms: Iterable[str], m: int, k: int) -> np.ndarray:
-        h1, h2 = _hashes(terms)
+        h1, h2 = _hashes(tuple(terms))
         i = np.arange(k, dtype=np.uint64)
         with np.errstate(over="ignore"):
             return ((h1[:, None] + i[None, :] * h2[:, None]) % np.uint64(m)).astype(np.int64)

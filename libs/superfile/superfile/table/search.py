@@ -35,7 +35,7 @@ from superfile.errors import (
     VectorDimensionError,
 )
 from superfile.expressions import Predicate, parse_predicate
-from superfile.format.fulltext import CorpusStats, FullTextIndex, make_analyzer
+from superfile.format.fulltext import Candidates, CorpusStats, FullTextIndex, global_top_k, make_analyzer
 from superfile.manifest.model import SuperfileEntry
 from superfile.schema import ID, SCORE
 from superfile.table.snapshot import Snapshot
@@ -204,7 +204,7 @@ class Searcher:
 
     def _run(self, fn: Any, entries: Sequence[SuperfileEntry]) -> list[Any]:
         self.searched = len(entries)
-        return self.snap.map(fn, entries)
+        return self.snap.each(fn, entries)
 
     def _result(self, hits: list[_Hits], k: int | None, descending: bool, projection: Sequence[str] | None) -> pa.Table:
         """Merge per-superfile hits into one ranking (ties: ``_id``), resolve ids and projected columns."""
@@ -301,7 +301,7 @@ class Searcher:
         deleted = dict(
             zip(
                 [e.path for e in with_deletes],
-                self.snap.map(lambda e: self._deleted(e, column), with_deletes),
+                self.snap.each(lambda e: self._deleted(e, column), with_deletes),
                 strict=True,
             )
         )
@@ -313,8 +313,8 @@ class Searcher:
             return [fts.doc_freq(t) - gone.get(t, 0) for t in terms]
 
         df = np.zeros(len(terms), np.int64)
-        for row in self.snap.map(freqs, candidates):
-            df += np.asarray(row, np.int64)
+        for e in candidates:  # a few dictionary lookups per superfile: cheaper inline than on the pool
+            df += np.asarray(freqs(e), np.int64)
         return CorpusStats(num_docs, total_tokens, dict(zip(terms, df.tolist(), strict=True)))
 
     def bm25(self, column: str, terms: list[str], k: int, mode: str, projection: Sequence[str] | None) -> pa.Table:
@@ -326,11 +326,14 @@ class Searcher:
         if mode == "all" and min(stats.doc_freq.values(), default=0) == 0:
             candidates = []
 
-        def one(e: SuperfileEntry) -> _Hits:
-            rows, scores = self._fulltext(e, column).search_global(terms, k, stats, mode=mode, allow=self._live(e))
-            return _Hits(e, rows, scores)
+        def one(e: SuperfileEntry) -> Candidates | None:
+            return self._fulltext(e, column).candidates(terms, k, stats, mode=mode, allow=self._live(e))
 
-        return self._result(self._run(one, candidates), k, True, projection)
+        found = [(e, c) for e, c in zip(candidates, self._run(one, candidates), strict=True) if c is not None]
+        top = global_top_k([c for _, c in found], k)
+        return self._result(
+            [_Hits(e, rows, scores) for (e, _), (rows, scores) in zip(found, top, strict=True)], k, True, projection
+        )
 
     def bm25_search(self, column: str, query: str, k: int, mode: str, projection: Sequence[str] | None) -> pa.Table:
         self._fts_column(column)
@@ -357,7 +360,7 @@ class Searcher:
             if s.max_term >= p and (s.min_term < p or s.min_term.startswith(p)):
                 entries.append(e)
         counts: dict[str, int] = {}
-        for found in self.snap.map(lambda e: self._fulltext(e, column).searcher.terms_with_prefix("text", p), entries):
+        for found in self.snap.each(lambda e: self._fulltext(e, column).searcher.terms_with_prefix("text", p), entries):
             for term, n in found:
                 counts[term] = counts.get(term, 0) + n
         terms = [t for t, _ in sorted(counts.items(), key=lambda tc: (-tc[1], tc[0]))[:MAX_PREFIX_TERMS]]
@@ -492,7 +495,7 @@ class Searcher:
         remaining = entries
         while remaining:
             batch, remaining = remaining[:wave], remaining[wave:]
-            hits.extend(self.snap.map(one, batch))
+            hits.extend(self.snap.each(one, batch))
             searched += len(batch)
             kth = _kth(hits, k)
             if kth is not None and metric != "dot":

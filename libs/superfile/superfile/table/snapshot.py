@@ -74,6 +74,9 @@ class TableFiles:
         reader, _ = self._readers.get_or_load(entry.path, load)
         return reader
 
+    def is_open(self, entry: SuperfileEntry) -> bool:
+        return entry.path in self._readers
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -101,6 +104,21 @@ class Snapshot:
         if len(items) <= 1:
             return [fn(i) for i in items]
         return list(query_pool().map(fn, items))
+
+    def each(self, fn: Callable[[SuperfileEntry], R], entries: Sequence[SuperfileEntry]) -> list[R]:
+        """Run a per-superfile search kernel over ``entries`` on this thread, after opening the cold ones in
+        parallel on the query pool.
+
+        Opening (fetching, mapping, checking a superfile) is I/O and gains from the pool. The kernels hold the
+        GIL most of the time, so on the pool they mostly wait for each other: measured on 2 cores over 16
+        superfiles of 62,500 rows, BM25 took 17.3 ms (24.5 ms of CPU) per query on the pool against 12.0 ms
+        (12.6 ms of CPU) here, and vector search (nprobe 8) 9.1-10.7 ms against 5.7-6.6 ms. Queries from
+        several client threads still run in parallel with each other.
+        """
+        cold = [e for e in entries if not self.files.is_open(e)]
+        if len(cold) > 1:
+            self.map(self.files.open, cold)
+        return [fn(e) for e in entries]
 
     def parts(self, where: Predicate | None = None) -> list[PartRef]:
         return [p for p in self.manifest.parts if p.live_rows and (where is None or where.might_match(p.stats))]
