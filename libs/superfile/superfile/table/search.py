@@ -495,7 +495,8 @@ class Searcher:
         remaining = entries
         while remaining:
             batch, remaining = remaining[:wave], remaining[wave:]
-            hits.extend(self.snap.each(one, batch))
+            # filtered: the kernel scans allowed rows in native code without the GIL, so the pool pays off
+            hits.extend(self.snap.each(one, batch, parallel=tf is not None or predicate is not None))
             searched += len(batch)
             kth = _kth(hits, k)
             if kth is not None and metric != "dot":
