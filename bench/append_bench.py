@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, median, peak_rss_mb, repeated, run_isolated, save
+from common import median, peak_rss_mb, repeated, run_isolated, save
 
 
 def child_superfile(uri: str, rows: int, batch_rows: int) -> dict[str, float]:
@@ -82,9 +82,8 @@ def main() -> None:
         print(json.dumps(fn(target, args.rows, args.batch_rows)))
         return
 
-    sys.path.insert(0, str(ROOT / "libs" / "superfile" / "tests"))
     import boto3
-    from servers import start_moto, stop
+    from superfile_suite.servers import start_moto
 
     systems = args.systems.split(",")
     moto = None
@@ -93,7 +92,8 @@ def main() -> None:
         import os
 
         os.environ.update(env)
-        moto, endpoint = start_moto()
+        moto = start_moto()
+        endpoint = moto.url
     runs: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
     try:
         for _ in range(args.repeat):
@@ -121,7 +121,7 @@ def main() -> None:
                 print(system, runs[system][-1], flush=True)
     finally:
         if moto is not None:
-            stop(moto)
+            moto.stop()
     summary = {
         s: {
             "rows_per_s": median([r["rows_per_s"] for r in rs]),
