@@ -185,6 +185,22 @@ def test_vector_search(table: Any) -> None:
     assert where.column("tag").to_pylist() == ["odd", "odd"]
 
 
+def test_hybrid_search(db: Any, table: Any) -> None:
+    """Reciprocal-rank fusion of BM25 and kNN: the row both retrievers find ranks first; the method and the
+    SQL function agree."""
+    q = [0.0, 0.0, 0.0, 1.0]
+    fused = table.hybrid_search("title", "flutter", "emb", q, k=4, projection=["key"])
+    assert fused.column_names == ["_id", "score", "key"]
+    assert fused.schema.field("score").type == pa.float64()
+    scores = fused.column("score").to_pylist()
+    assert len(fused) == 4 and scores == sorted(scores, reverse=True)
+    assert _keys(fused)[0] == 3 and scores[0] > scores[1]  # key 3: "flutter" and nearest to the query's axis
+    sql = db.sql(f"SELECT key, score FROM hybrid_search('{table.name}', 'title', 'flutter', 'emb', {q}, 4)")
+    assert sorted(zip(sql.column("key").to_pylist(), sql.column("score").to_pylist(), strict=True)) == sorted(
+        zip(_keys(fused), scores, strict=True)
+    )
+
+
 def test_sql(db: Any, table: Any) -> None:
     n = db.sql(f"SELECT count(*) AS n FROM {table.name} WHERE tag = 'odd'")
     assert n.to_pylist() == [{"n": 6}]
