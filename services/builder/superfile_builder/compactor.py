@@ -12,10 +12,9 @@ half of it, so after a compaction the count of small superfiles starts again
 from at most one, and the superfile count stays bounded by about
 ``rows / (target / 2) + small_files + 1`` per partition.
 
-The pipeline runs a compaction on a thread of its own, one at a time, after a
-commit that finds it due; the builder's next commits race it and the engine
-rebases either side over the other (it carries concurrent deletes and keeps
-the newest commit properties), as with any other writer.
+The publisher thread runs the compaction right after a commit, so it never
+races the builder's own commits (the next commit waits for it); it is safe
+against other writers anyway (the engine carries their concurrent deletes).
 A compaction changes no row and keeps the commit properties (log offsets),
 so it needs no fencing: a zombie builder's compaction is as harmless as
 anyone's.

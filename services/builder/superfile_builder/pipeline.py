@@ -16,13 +16,10 @@ update or a restore) waits for the commit in flight first. A restore starts
 a new batch (``indexer.py``). When a commit fails, the batch accumulating
 behind it is dropped too and the pipeline resumes.
 
-After a commit, when the compaction policy says so (``compactor.py``), a
-third thread compacts the table through its own handle, one compaction at a
-time, while commits go on: the engine rebases either side over the other.
-Inline on the publisher thread, a compaction held back every commit behind
-it: at 2,000 rows/s, publish-to-visible p95 went from 1.4 s to 8-25 s. A
-failed compaction is logged and counted, and changes nothing: the policy
-asks again after the next commit.
+After a commit, the same thread compacts the table when the compaction
+policy says so (``compactor.py``); the next commit waits for it. A failed
+compaction is logged and counted, and changes nothing: the policy asks again
+after the next commit.
 
 If the table is dropped, the pipeline stops (releasing the lease); events
 left in the topic are not applied anywhere. The supervisor starts a new
@@ -96,8 +93,6 @@ class TablePipeline(threading.Thread):
         self._next = 0  # next offset to consume
         self._committer = ThreadPoolExecutor(1, thread_name_prefix=f"publisher-{table}")
         self._inflight: Future[None] | None = None
-        self._compactor = ThreadPoolExecutor(1, thread_name_prefix=f"compactor-{table}")
-        self._compacting: Future[None] | None = None
 
     def stop(self) -> None:
         """Ask the thread to finish: it commits what it staged (if it still holds the lease) and releases."""
@@ -119,7 +114,6 @@ class TablePipeline(threading.Thread):
             self.metrics.errors.add(1, {**self.labels, "kind": "pipeline"})
         finally:
             self._committer.shutdown(wait=True)
-            self._compactor.shutdown(wait=True)
             self.lease.release()
             self.gauges.lease_held = 0
             if source is not None:
@@ -254,19 +248,17 @@ class TablePipeline(threading.Thread):
         self.gauges.applied_offset = batch.end
         entries = self._update_footprint()
         log.debug("table %s: committed offsets %d..%d (%d rows)", self.table_name, batch.start, batch.end, batch.rows)
-        busy = self._compacting is not None and not self._compacting.done()
-        due = self.config.compaction.due(entries, batch.table.options.max_rows_per_superfile)
-        if due and not busy and self.lease.valid():
-            self._compacting = self._compactor.submit(self._compact)
+        table = batch.table
+        if self.config.compaction.due(entries, table.options.max_rows_per_superfile) and self.lease.valid():
+            self._compact(table)
 
-    def _compact(self) -> None:
-        """Run ``optimize()`` on a handle of its own (see ``compactor.py``); a failure leaves the table as it was
-        and is only counted."""
+    def _compact(self, table: Supertable) -> None:
+        """Run ``optimize()`` (see ``compactor.py``); a failure leaves the table as it was and is only counted."""
         started = time.perf_counter()
         try:
-            result = self.conn.open_table(self.table_name).optimize(self.config.compaction.target_rows)
+            result = table.optimize(self.config.compaction.target_rows)
         except TableNotFoundError:
-            return  # dropped: the pipeline notices on its own
+            raise
         except SuperfileError as exc:  # contention with another rewrite, storage: the next commit asks again
             log.warning("table %s: compaction failed: %s", self.table_name, exc)
             self.metrics.errors.add(1, {**self.labels, "kind": "compaction"})
@@ -274,6 +266,7 @@ class TablePipeline(threading.Thread):
         self.metrics.compaction_seconds.record(time.perf_counter() - started, self.labels)
         self.metrics.compactions.add(1, self.labels)
         self.metrics.superfiles_compacted.add(result["superfiles_removed"], self.labels)
+        self._update_footprint()
         log.info(
             "table %s: compacted %d superfiles into %d (version %d)",
             self.table_name,

@@ -16,12 +16,17 @@ __all__ = ["BloomFilter"]
 _FALSE_POSITIVE_RATE = 0.01
 
 
-@functools.lru_cache(maxsize=1024)
-def _hashes(terms: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """The two base hashes of each term (cached: a query checks the same terms against every superfile)."""
+def _hashes(terms: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
     digests = b"".join(hashlib.blake2b(t.encode(), digest_size=16).digest() for t in terms)
     words = np.frombuffer(digests, dtype="<u8").reshape(-1, 2)
-    h1, h2 = words[:, 0].copy(), words[:, 1] | np.uint64(1)
+    return words[:, 0], words[:, 1] | np.uint64(1)
+
+
+@functools.lru_cache(maxsize=1024)
+def _query_hashes(terms: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_hashes` of a query's terms, cached: a query checks the same terms against every superfile's
+    filter. (Builds hash a superfile's whole term list once and stay out of the cache.)"""
+    h1, h2 = _hashes(terms)
     h1.setflags(write=False)
     h2.setflags(write=False)
     return h1, h2
@@ -42,13 +47,12 @@ class BloomFilter:
         k = max(1, round(m / n * math.log(2)))
         bits = np.zeros(m // 8, dtype=np.uint8)
         if terms:
-            idx = cls._positions(terms, m, k).ravel()
+            idx = cls._positions(*_hashes(terms), m, k).ravel()
             np.bitwise_or.at(bits, idx >> 3, (1 << (idx & 7)).astype(np.uint8))
         return cls(bits.tobytes(), k)
 
     @staticmethod
-    def _positions(terms: Iterable[str], m: int, k: int) -> np.ndarray:
-        h1, h2 = _hashes(tuple(terms))
+    def _positions(h1: np.ndarray, h2: np.ndarray, m: int, k: int) -> np.ndarray:
         i = np.arange(k, dtype=np.uint64)
         with np.errstate(over="ignore"):
             return ((h1[:, None] + i[None, :] * h2[:, None]) % np.uint64(m)).astype(np.int64)
@@ -61,7 +65,7 @@ class BloomFilter:
         if not terms:
             return np.zeros(0, dtype=bool)
         bits = np.frombuffer(self.bits, dtype=np.uint8)
-        idx = self._positions(terms, len(self.bits) * 8, self.num_hashes)
+        idx = self._positions(*_query_hashes(tuple(terms)), len(self.bits) * 8, self.num_hashes)
         return ((bits[idx >> 3] >> (idx & 7)) & 1).all(axis=1)
 
     def to_json(self) -> list[object]:

