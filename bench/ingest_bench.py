@@ -55,14 +55,19 @@ def _wait_visible(table: superfile.Supertable, position: Position, timeout: floa
     return time.perf_counter()
 
 
+_SCRAPED = ("commit_seconds_", "compaction_seconds_", "compaction_wait_seconds_")
+
+
 def scrape(port: int) -> dict[str, float]:
-    """The builder's own numbers: commits and their mean latency, as /metrics reports them."""
+    """The builder's own numbers: commits, compactions and the waits for them, with their total seconds,
+    as /metrics reports them."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     values: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("superfile_builder_commit_seconds_") and "_bucket" not in line:
-            name, value = line.rsplit(" ", 1)
-            values[name.split("{")[0].removeprefix("superfile_builder_")] = float(value)
+        name, _, value = line.partition(" ")
+        name = name.split("{")[0].removeprefix("superfile_builder_")
+        if name.startswith(_SCRAPED) and not name.endswith("_bucket"):
+            values[name] = float(value)
     return values
 
 
@@ -193,9 +198,15 @@ def main() -> None:
             print(results["throughput"], flush=True)
             results["latency"] = latency(log, table, args.steady_rate, args.steady_seconds, args.poll_ms)
             before, after = results["throughput"]["builder_commits"], scrape(metrics_port)
-            count = after["commit_seconds_count"] - before["commit_seconds_count"]
-            mean = (after["commit_seconds_sum"] - before["commit_seconds_sum"]) / max(count, 1)
-            results["latency"]["builder_commits"] = {"count": count, "mean_commit_s": mean}
+            window = {k: after[k] - before.get(k, 0.0) for k in after}  # the steady phase's share
+            count = window["commit_seconds_count"]
+            results["latency"]["builder_commits"] = {
+                "count": count,
+                "mean_commit_s": window["commit_seconds_sum"] / max(count, 1),
+                "compactions": window.get("compaction_seconds_count", 0.0),
+                "compaction_s": window.get("compaction_seconds_sum", 0.0),
+                "commits_waiting_for_compaction": window.get("compaction_wait_seconds_count", 0.0),
+            }
             print(results["latency"], flush=True)
         finally:
             log.close()

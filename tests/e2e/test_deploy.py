@@ -90,6 +90,7 @@ def test_dashboard_metrics_are_exported(tmp_path: Path) -> None:
     builder.commit_seconds.record(0.2, labels)
     builder.superfiles_compacted.add(4, labels)
     builder.compaction_seconds.record(0.5, labels)
+    builder.compaction_wait_seconds.record(0.1, labels)
 
     settings = Settings(storage=f"file://{tmp_path}", api_keys=(), auth=False)
     with BackgroundServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:

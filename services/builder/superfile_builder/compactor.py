@@ -1,28 +1,40 @@
-"""Automatic compaction: when to run ``Supertable.optimize()`` between a table's commits.
+"""Automatic compaction: when the builder compacts a table, what it rewrites, and when commits wait for it.
 
 Streaming commits are small (a batch closes after ``freshness_ms``), and each
 adds at least one superfile per partition it touches; left alone, the
 superfile count grows with the number of commits and every query opens more
-files. The policy: once some partition holds more than ``small_files``
-superfiles with fewer than half the target rows, compact.
+files. A superfile is *small* when it holds fewer live rows than half the
+target (the table's ``max_rows_per_superfile`` unless set).
 
-Half the target, because compaction's outputs are balanced shards of at most
-the target: of the outputs of one partition all but at most one hold at least
-half of it, so after a compaction the count of small superfiles starts again
-from at most one, and the superfile count stays bounded by about
-``rows / (target / 2) + small_files + 1`` per partition.
+- **Start.** Once some partition holds more than ``small_files`` small
+  superfiles, a compaction starts on the builder's compaction thread, beside
+  the commits: they go on while it runs, so it costs freshness nothing.
+- **Work per run.** It rewrites the partition's small superfiles, smallest
+  first, until their rows reach half the target (``select``), enough for one
+  output that is no longer small: one run's work stays under the target rows
+  whatever the backlog (say, the small superfiles of a bulk load), so it ends
+  in seconds, and the freshest, smallest files, the ones that cost the least
+  and raise the count the most, go first. It loops while the policy still says
+  so.
+- **Stop.** A partition's count of small superfiles can still outrun a slow
+  compaction. Once it reaches ``stop_files`` (twice ``small_files``), the commit
+  that got it there waits for the running compaction before the next one is
+  published (the same back-pressure as RocksDB's stop-writes trigger).
+  Outputs are balanced shards of at most the target, so every output but at
+  most one per run holds at least half of it; hence each partition holds at most
+  ``rows / (target / 2) + stop_files`` superfiles, plus the small ones a single
+  commit adds.
 
-The publisher thread runs the compaction right after a commit, so it never
-races the builder's own commits (the next commit waits for it); it is safe
-against other writers anyway (the engine carries their concurrent deletes).
-A compaction changes no row and keeps the commit properties (log offsets),
-so it needs no fencing: a zombie builder's compaction is as harmless as
-anyone's.
+A compaction changes no row and keeps the commit properties (log offsets), so
+it needs no fencing: a zombie builder's compaction is as harmless as anyone's.
+The engine publishes it like any commit: appends that land meanwhile are
+untouched, deletes that land on its inputs are carried onto its outputs, and
+the builder's own commits rebase over it.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -43,13 +55,43 @@ class CompactionPolicy:
     def enabled(self) -> bool:
         return self.small_files > 0
 
+    @property
+    def stop_files(self) -> int:
+        return 2 * self.small_files
+
     def target(self, max_rows_per_superfile: int) -> int:
         return self.target_rows or max_rows_per_superfile
 
     def due(self, entries: Iterable[SuperfileEntry], max_rows_per_superfile: int) -> bool:
-        """Whether some partition holds more than ``small_files`` superfiles below half the target."""
-        if not self.enabled:
-            return False
+        """Whether some partition holds more than ``small_files`` small superfiles: start a compaction."""
+        return self.enabled and self._most_small(entries, max_rows_per_superfile) > self.small_files
+
+    def stalled(self, entries: Iterable[SuperfileEntry], max_rows_per_superfile: int) -> bool:
+        """Whether some partition holds ``stop_files`` small superfiles: commits wait for the compaction."""
+        return self.enabled and self._most_small(entries, max_rows_per_superfile) >= self.stop_files
+
+    def select(self, entries: list[SuperfileEntry], target: int) -> dict[str | None, list[SuperfileEntry]]:
+        """One run's inputs (``optimize``'s ``select``): in each partition that is due, its small
+        superfiles, smallest first, until their live rows reach half of ``target``."""
+        small: dict[str | None, list[SuperfileEntry]] = defaultdict(list)
+        for e in entries:
+            if 2 * e.live_rows < target:
+                small[e.partition].append(e)
+        chosen: dict[str | None, list[SuperfileEntry]] = {}
+        for partition, files in small.items():
+            if len(files) <= self.small_files:
+                continue
+            files.sort(key=lambda e: (e.live_rows, e.id_min, e.path))
+            rows, take = 0, list[SuperfileEntry]()
+            for e in files:
+                if 2 * rows >= target and len(take) >= 2:
+                    break
+                take.append(e)
+                rows += e.live_rows
+            chosen[partition] = sorted(take, key=lambda e: (e.id_min, e.path))
+        return chosen
+
+    def _most_small(self, entries: Iterable[SuperfileEntry], max_rows_per_superfile: int) -> int:
         half = self.target(max_rows_per_superfile) / 2
         small = Counter(e.partition for e in entries if e.live_rows < half)
-        return any(n > self.small_files for n in small.values())
+        return max(small.values(), default=0)

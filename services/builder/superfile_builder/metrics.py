@@ -4,8 +4,9 @@ Exported names (Prometheus adds ``_total`` to counters and the unit suffix):
 ``superfile_builder_rows_applied``, ``..._events_applied``, ``..._records_skipped``
 (label ``reason``), ``..._errors`` (label ``kind``), ``..._commits``,
 ``..._commit_seconds`` (histogram), ``..._compactions``, ``..._compaction_seconds`` (histogram),
-``..._superfiles_compacted`` (superfiles a compaction replaced), and per-table gauges ``..._lag_records``
-(log end offset minus applied offset), ``..._applied_offset``,
+``..._superfiles_compacted`` (superfiles a compaction replaced), ``..._compaction_wait_seconds``
+(histogram: how long a commit waited for a compaction at the policy's stop count), and per-table
+gauges ``..._lag_records`` (log end offset minus applied offset), ``..._applied_offset``,
 ``..._consumed_offset`` (next offset to read: staged but uncommitted records lie between the two),
 ``..._superfiles``, ``..._table_bytes`` and ``..._lease_held`` (1 while this
 process holds the table's lease). Every series carries a ``table`` label.
@@ -53,6 +54,9 @@ class BuilderMetrics:
         self.compactions = m.create_counter("superfile_builder_compactions", description="compactions published")
         self.compaction_seconds = seconds_histogram(
             m, "superfile_builder_compaction_seconds", "time to rewrite and publish one compaction"
+        )
+        self.compaction_wait_seconds = seconds_histogram(
+            m, "superfile_builder_compaction_wait_seconds", "time a commit waited for a compaction to catch up"
         )
         self.superfiles_compacted = m.create_counter(
             "superfile_builder_superfiles_compacted", description="superfiles replaced by compactions"

@@ -16,10 +16,11 @@ update or a restore) waits for the commit in flight first. A restore starts
 a new batch (``indexer.py``). When a commit fails, the batch accumulating
 behind it is dropped too and the pipeline resumes.
 
-After a commit, the same thread compacts the table when the compaction
-policy says so (``compactor.py``); the next commit waits for it. A failed
-compaction is logged and counted, and changes nothing: the policy asks again
-after the next commit.
+After a commit, the publisher thread starts a compaction on a third thread
+when the compaction policy says so (``compactor.py``); commits go on beside
+it, and wait for it only once the policy's stop count of small superfiles is
+reached. A failed compaction is logged and counted, and changes nothing: the
+policy asks again after the next commit.
 
 If the table is dropped, the pipeline stops (releasing the lease); events
 left in the topic are not applied anywhere. The supervisor starts a new
@@ -28,7 +29,9 @@ pipeline if a table of that name appears again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,6 +43,7 @@ from superfile.errors import SuperfileError, TableNotFoundError
 from superfile.events import LOG_PROPERTY, SOURCES_PROPERTY, topic_for
 from superfile.manifest.model import SuperfileEntry
 from superfile.table import Supertable
+from superfile.table.optimize import optimize as _optimize
 
 from superfile_builder.compactor import CompactionPolicy
 from superfile_builder.indexer import REJECTED, Batch
@@ -54,6 +58,7 @@ __all__ = ["PipelineConfig", "TablePipeline"]
 log = logging.getLogger(__name__)
 
 _ERROR_REASONS = (UNDECODABLE, WRONG_TABLE, REJECTED)  # skips that are the producer's fault
+_COMPACTION_NICE = 10
 _POLL_S = 0.1  # longest wait in one poll: bounds how late a stop, a lost lease or a due commit is noticed
 
 
@@ -68,6 +73,13 @@ class PipelineConfig:
     topic_prefix: str = "superfile"
     retry_s: float = 1.0  # pause after a failed commit before resuming
     compaction: CompactionPolicy = field(default_factory=CompactionPolicy)
+
+
+def _background_priority() -> None:
+    """Lower the calling thread's CPU priority (Linux: nice applies per thread), so that on a busy machine
+    the commits beside a compaction, which bound freshness, get the cores first."""
+    with contextlib.suppress(AttributeError, OSError):  # no per-thread priority here: run at the normal one
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _COMPACTION_NICE)
 
 
 class TablePipeline(threading.Thread):
@@ -93,6 +105,10 @@ class TablePipeline(threading.Thread):
         self._next = 0  # next offset to consume
         self._committer = ThreadPoolExecutor(1, thread_name_prefix=f"publisher-{table}")
         self._inflight: Future[None] | None = None
+        self._compactor = ThreadPoolExecutor(1, thread_name_prefix=f"compactor-{table}")
+        self._compaction: Future[None] | None = None
+        self._footprint_lock = threading.Lock()
+        self._footprint_version = -1  # version the superfile gauges were last set from
 
     def stop(self) -> None:
         """Ask the thread to finish: it commits what it staged (if it still holds the lease) and releases."""
@@ -114,6 +130,7 @@ class TablePipeline(threading.Thread):
             self.metrics.errors.add(1, {**self.labels, "kind": "pipeline"})
         finally:
             self._committer.shutdown(wait=True)
+            self._compactor.shutdown(wait=True)  # the compaction loop ends after its current run
             self.lease.release()
             self.gauges.lease_held = 0
             if source is not None:
@@ -246,41 +263,66 @@ class TablePipeline(threading.Thread):
         self.metrics.rows_applied.add(batch.rows, self.labels)
         self.metrics.events_applied.add(batch.events, self.labels)
         self.gauges.applied_offset = batch.end
-        entries = self._update_footprint()
-        log.debug("table %s: committed offsets %d..%d (%d rows)", self.table_name, batch.start, batch.end, batch.rows)
         table = batch.table
-        if self.config.compaction.due(entries, table.options.max_rows_per_superfile) and self.lease.valid():
-            self._compact(table)
+        entries = self._update_footprint(table)
+        log.debug("table %s: committed offsets %d..%d (%d rows)", self.table_name, batch.start, batch.end, batch.rows)
+        policy, limit = self.config.compaction, table.options.max_rows_per_superfile
+        running = self._compaction is not None and not self._compaction.done()
+        if running and policy.stalled(entries, limit):
+            assert self._compaction is not None
+            started = time.perf_counter()
+            self._compaction.result()  # back-pressure: the next commit waits until small superfiles are merged
+            self.metrics.compaction_wait_seconds.record(time.perf_counter() - started, self.labels)
+            running = False
+        if not running and policy.due(entries, limit) and self.lease.valid():
+            self._compaction = self._compactor.submit(self._compact)
 
-    def _compact(self, table: Supertable) -> None:
-        """Run ``optimize()`` (see ``compactor.py``); a failure leaves the table as it was and is only counted."""
-        started = time.perf_counter()
+    def _compact(self) -> None:
+        """Compaction thread: ``optimize()`` with the policy's bounded selection, built one superfile at a
+        time, while the policy asks for it (see ``compactor.py``). A failure changes nothing and is only
+        counted; the next commit asks again."""
+        policy = self.config.compaction
+        _background_priority()
         try:
-            result = table.optimize(self.config.compaction.target_rows)
+            table = self.conn.open_table(self.table_name)
+            while not self._stopping.is_set() and self.lease.valid():
+                limit = table.options.max_rows_per_superfile
+                if not policy.due(table._snapshot.entries(), limit):
+                    return
+                started = time.perf_counter()
+                result = _optimize(table, policy.target_rows, select=policy.select, parallel=False)
+                self.metrics.compaction_seconds.record(time.perf_counter() - started, self.labels)
+                self.metrics.compactions.add(1, self.labels)
+                self.metrics.superfiles_compacted.add(result["superfiles_removed"], self.labels)
+                self._update_footprint(table)
+                log.info(
+                    "table %s: compacted %d superfiles into %d (version %d)",
+                    self.table_name,
+                    result["superfiles_removed"],
+                    result["superfiles_added"],
+                    result["version"],
+                )
         except TableNotFoundError:
-            raise
+            return  # the pipeline sees it too, and stops
         except SuperfileError as exc:  # contention with another rewrite, storage: the next commit asks again
             log.warning("table %s: compaction failed: %s", self.table_name, exc)
             self.metrics.errors.add(1, {**self.labels, "kind": "compaction"})
-            return
-        self.metrics.compaction_seconds.record(time.perf_counter() - started, self.labels)
-        self.metrics.compactions.add(1, self.labels)
-        self.metrics.superfiles_compacted.add(result["superfiles_removed"], self.labels)
-        self._update_footprint()
-        log.info(
-            "table %s: compacted %d superfiles into %d (version %d)",
-            self.table_name,
-            result["superfiles_removed"],
-            result["superfiles_added"],
-            result["version"],
-        )
+        except Exception:
+            log.exception("table %s: compaction failed", self.table_name)
+            self.metrics.errors.add(1, {**self.labels, "kind": "compaction"})
 
-    def _update_footprint(self) -> list[SuperfileEntry]:
-        """Superfile count and bytes of the snapshot this handle last saw (manifest parts only, mostly cached);
-        returns its superfiles."""
-        if self._table is None:
+    def _update_footprint(self, table: Supertable | None = None) -> list[SuperfileEntry]:
+        """Superfile count and bytes of the snapshot ``table`` (default: the pipeline's handle) last saw
+        (manifest parts only, mostly cached); returns its superfiles. The gauges keep the newest version
+        any of the pipeline's threads saw."""
+        table = table or self._table
+        if table is None:
             return []
-        entries = self._table._snapshot.entries()  # the handle's snapshot: our own last commit, no extra reads
-        self.gauges.superfiles = len(entries)
-        self.gauges.table_bytes = sum(e.size for e in entries)
+        snap = table._snapshot  # the handle's snapshot: its own last commit, no extra reads
+        entries = snap.entries()
+        with self._footprint_lock:
+            if snap.version >= self._footprint_version:
+                self._footprint_version = snap.version
+                self.gauges.superfiles = len(entries)
+                self.gauges.table_bytes = sum(e.size for e in entries)
         return entries

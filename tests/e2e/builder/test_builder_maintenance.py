@@ -10,6 +10,8 @@ import pyarrow as pa
 import superfile
 from builder_support import SCHEMA, BuilderProcess, create_table, gauge, rows, wait_until
 from superfile.events import Event, EventLog, Position
+from superfile.table.optimize import optimize
+from superfile_builder.compactor import CompactionPolicy
 from superfile_gateway import BackgroundServer, Settings
 from superfile_suite import Server, free_port
 
@@ -70,9 +72,9 @@ def test_compaction_keeps_the_superfile_count_bounded_and_every_row_once(
     assert all(h["rows_added"] == 0 and h["rows_deleted"] == 0 for h in compactions)  # contents unchanged
     counts = [table.checkout(h["version"]).stats()["superfile_count"] for h in history]
     writes = sum(1 for h in history if h["operation"] in ("append", "update", "transaction"))
-    # Superfiles of at least half the target, plus at most SMALL_FILES + 1 smaller ones; without compaction
-    # there would be one per write.
-    bound = SMALL_FILES + 1 + math.ceil((len(expected) + 6) / (TARGET / 2))
+    # Superfiles of at least half the target, plus fewer than the policy's stop count of smaller ones and the
+    # one a commit adds (commits wait for the compaction there); without compaction there would be one per write.
+    bound = CompactionPolicy(SMALL_FILES).stop_files + 1 + math.ceil((len(expected) + 6) / (TARGET / 2))
     assert max(counts) <= bound < writes, (max(counts), bound, writes)
     assert counts[-1] <= bound
     assert (gauge(port, "superfile_builder_compactions_total", table_name) or 0) >= len(compactions) > 0
@@ -173,3 +175,24 @@ def test_compaction_leaves_compacted_superfiles_alone(s3_uri: str, table_name: s
         table.append(pa.Table.from_pylist([{"key": f"b{i}", "n": 0, "body": "x"}], schema=SCHEMA))
     second = table.optimize()
     assert (second["superfiles_removed"], second["rows_rewritten"]) == (5, 5), second  # only the new rows
+
+
+def test_one_compaction_run_is_bounded_and_takes_the_smallest_first(table_name: str) -> None:
+    """The builder's selection: a backlog of nearly-half-target superfiles does not make one run rewrite the
+    whole partition; the freshest, smallest superfiles go first, and the run stops once the target is reached."""
+    table = superfile.connect(f"memory://{table_name}").create_table(table_name, SCHEMA, max_rows_per_superfile=TARGET)
+    for i in range(6):  # the backlog: 19 rows each, just under half the target
+        table.append(rows([f"b{i}-{j}" for j in range(19)]))
+    for i in range(20):
+        table.append(rows([f"s{i}"]))
+    policy = CompactionPolicy(SMALL_FILES)
+    assert policy.due(table._snapshot.entries(), TARGET) and policy.stalled(table._snapshot.entries(), TARGET)
+    result = optimize(table, select=policy.select, parallel=False)
+    # The 20 one-row superfiles reach half the target (20 rows): one output that is no longer small, and the
+    # backlog is left for the next run.
+    assert (result["superfiles_removed"], result["rows_rewritten"], result["superfiles_added"]) == (20, 20, 1)
+    assert table.count_rows() == 6 * 19 + 20 and table.stats()["superfile_count"] == 6 + 1
+    assert policy.due(table._snapshot.entries(), TARGET)  # 6 small superfiles left: more than 4, run again
+    result = optimize(table, select=policy.select, parallel=False)
+    assert (result["superfiles_removed"], result["rows_rewritten"], result["superfiles_added"]) == (2, 38, 1)
+    assert not policy.due(table._snapshot.entries(), TARGET)  # 4 small superfiles left

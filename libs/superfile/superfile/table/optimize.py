@@ -1,6 +1,6 @@
 """Compaction: merge small superfiles of a partition into target-size ones and materialize deletion vectors.
 
-The plan (``_plan``): per partition, the superfiles under half the target
+The plan (``plan``): per partition, the superfiles under half the target
 size and those with deleted rows are rewritten into ``ceil(rows / target)``
 balanced outputs, in ``_id`` order. The rewrite reads the live rows of the chosen superfiles from one snapshot,
 builds new superfiles (rows keep their ``_id``), and publishes them with the
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,9 +38,12 @@ from superfile.table.snapshot import Snapshot
 if TYPE_CHECKING:
     from superfile.table import Supertable
 
-__all__ = ["optimize"]
+__all__ = ["Plan", "optimize", "plan"]
 
 _ATTEMPTS = 5
+
+# Which superfiles to rewrite, per partition, given every superfile and the target rows.
+Plan = Callable[[list[SuperfileEntry], int], dict[str | None, list[SuperfileEntry]]]
 
 
 def _positive(name: str, value: object) -> int:
@@ -68,7 +71,7 @@ def _target_rows(entries: list[SuperfileEntry], snap: Snapshot, rows: int | None
     return snap.manifest.options.max_rows_per_superfile
 
 
-def _plan(entries: list[SuperfileEntry], target: int) -> dict[str | None, list[SuperfileEntry]]:
+def plan(entries: list[SuperfileEntry], target: int) -> dict[str | None, list[SuperfileEntry]]:
     """Per partition, the superfiles worth rewriting: the small ones (under half the target; if merging
     reduces their number) and every one with deleted rows.
 
@@ -161,22 +164,24 @@ class _Rewrite:
         return out
 
 
-def _once(table: Supertable, target_rows: int | None, target_bytes: int | None) -> dict[str, Any]:
+def _once(
+    table: Supertable, target_rows: int | None, target_bytes: int | None, select: Plan, parallel: bool
+) -> dict[str, Any]:
     snap, pointer = table._writable_snapshot()
     entries = all_entries(snap)
     target = _target_rows(entries, snap, target_rows, target_bytes)
-    plan = _plan(entries, target)
+    chosen_by_partition = select(entries, target)
     rewrite = _Rewrite(snap)
     batch: list[Shard] = []
-    workers = build_pool()._max_workers
-    for partition, chosen in plan.items():
+    workers = build_pool()._max_workers if parallel else 1
+    for partition, chosen in chosen_by_partition.items():
         for s in _shards(snap, partition, chosen, target, rewrite.before):
             batch.append(s)
             if len(batch) >= workers:
                 rewrite.add(batch)
                 batch = []
     rewrite.add(batch)
-    removed = {e.path: e for chosen in plan.values() for e in chosen}
+    removed = {e.path: e for chosen in chosen_by_partition.values() for e in chosen}
     result = {
         "version": snap.version,
         "target_rows": target,
@@ -200,11 +205,22 @@ def _once(table: Supertable, target_rows: int | None, target_bytes: int | None) 
     return {**result, "version": manifest.version, "deletes_carried": rewrite.carried}
 
 
-def optimize(table: Supertable, target_rows: int | None = None, target_bytes: int | None = None) -> dict[str, Any]:
-    """Compact ``table`` (see the module docstring); returns what was done and the version it published."""
+def optimize(
+    table: Supertable,
+    target_rows: int | None = None,
+    target_bytes: int | None = None,
+    *,
+    select: Plan = plan,
+    parallel: bool = True,
+) -> dict[str, Any]:
+    """Compact ``table`` (see the module docstring); returns what was done and the version it published.
+
+    ``select`` narrows what is rewritten (a background compactor bounds its work per run with it);
+    ``parallel=False`` builds the outputs one at a time on the calling thread, leaving the build pool to
+    the writes it runs beside."""
     for attempt in range(_ATTEMPTS):
         try:
-            return _once(table, target_rows, target_bytes)
+            return _once(table, target_rows, target_bytes, select, parallel)
         except StaleSuperfileError:  # a concurrent rewrite replaced our inputs: redo on the newer snapshot
             if attempt == _ATTEMPTS - 1:
                 raise
