@@ -15,7 +15,9 @@ column (Cranfield/Vaswani rows repeated, vectors jittered).
 2. Latency: a steady ``--steady-rate`` rows/s for ``--steady-seconds``
    (one event every 100 ms); for each event, the time from calling publish
    until a reader's fresh look at the table sees it (``Position.visible_in``
-   on the current manifest, polled every ``--poll-ms``).
+   on the current manifest, polled every ``--poll-ms``). The CPU seconds each
+   process (builder, S3 server, broker, Redis, this one) used meanwhile are
+   recorded: on 2 shared cores they say who competes with the commits.
 
 Saves bench/results/ingest.json.
 """
@@ -23,6 +25,7 @@ Saves bench/results/ingest.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import subprocess
@@ -69,6 +72,31 @@ def scrape(port: int) -> dict[str, float]:
         if name.startswith(_SCRAPED) and not name.endswith("_bucket"):
             values[name] = float(value)
     return values
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # fields from the state on
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU time (user + system) each process and its live child processes have used so far, from /proc
+    (Linux): the builder's includes its compaction process."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                parents[int(entry.name)] = int(_stat(int(entry.name))[1])
+    out = {}
+    for name, pid in pids.items():
+        family = {pid} | {child for child, parent in parents.items() if parent == pid}
+        total = 0
+        for member in family:
+            with contextlib.suppress(OSError):
+                fields = _stat(member)
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+        out[name] = total / ticks
+    return out
 
 
 def throughput(log: EventLog, table: superfile.Supertable, rows: int, event_rows: int) -> dict[str, Any]:
@@ -196,7 +224,12 @@ def main() -> None:
             }
             results["throughput"]["builder_commits"] = scrape(metrics_port)
             print(results["throughput"], flush=True)
+            pids = {"builder (+ its compaction process)": builder.pid, "s3 (moto)": s3.proc.pid}
+            pids |= {"broker (tansu)": kafka.proc.pid, "redis": redis.proc.pid, "bench (producer, reader)": os.getpid()}
+            cpu_before = cpu_seconds(pids)
             results["latency"] = latency(log, table, args.steady_rate, args.steady_seconds, args.poll_ms)
+            cpu_after = cpu_seconds(pids)
+            results["latency"]["cpu_seconds"] = {k: round(cpu_after[k] - cpu_before[k], 1) for k in pids}
             before, after = results["throughput"]["builder_commits"], scrape(metrics_port)
             window = {k: after[k] - before.get(k, 0.0) for k in after}  # the steady phase's share
             count = window["commit_seconds_count"]

@@ -23,7 +23,7 @@ import redis
 import superfile
 from superfile.telemetry import CONTENT_TYPE, render
 
-from superfile_builder.compactor import CompactionPolicy
+from superfile_builder.compactor import CompactionPolicy, Compactor
 from superfile_builder.lease import LeaseKeeper
 from superfile_builder.metrics import BuilderMetrics
 from superfile_builder.pipeline import PipelineConfig, TablePipeline
@@ -53,6 +53,7 @@ class Builder:
         self.metrics = BuilderMetrics()
         self.leases = LeaseKeeper(redis.Redis.from_url(redis_url), lease_ms)
         self.pipelines: dict[str, TablePipeline] = {}
+        self.compactor = Compactor(storage, config.compaction) if config.compaction.enabled else None
         self._stop = threading.Event()
 
     def scan(self) -> None:
@@ -68,7 +69,8 @@ class Builder:
                 if name not in wanted:
                     self.leases.forget(name)
         for name in sorted(wanted - set(self.pipelines)):
-            pipeline = TablePipeline(self.conn, name, self.config, self.leases.lease(name), self.metrics)
+            lease = self.leases.lease(name)
+            pipeline = TablePipeline(self.conn, name, self.config, lease, self.metrics, self.compactor)
             self.pipelines[name] = pipeline
             pipeline.start()
             log.info("table %s: pipeline started", name)
@@ -88,6 +90,8 @@ class Builder:
                 pipeline.stop()
             for pipeline in self.pipelines.values():
                 pipeline.join(timeout=30)
+            if self.compactor is not None:
+                self.compactor.close()
             self.leases.close()
 
     def stop(self) -> None:

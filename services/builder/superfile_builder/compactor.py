@@ -25,6 +25,11 @@ target (the table's ``max_rows_per_superfile`` unless set).
   ``rows / (target / 2) + stop_files`` superfiles, plus the small ones a single
   commit adds.
 
+- **Its own process.** A run executes in the builder's compaction process
+  (``Compactor``: one worker, spawned on first use, at nice 10), built one
+  superfile at a time: it takes one core at most, yields the CPU to the
+  commits, and never holds the GIL the commits need.
+
 A compaction changes no row and keeps the commit properties (log offsets), so
 it needs no fencing: a zombie builder's compaction is as harmless as anyone's.
 The engine publishes it like any commit: appends that land meanwhile are
@@ -34,13 +39,24 @@ the builder's own commits rebase over it.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any
 
+import superfile
+from superfile.connection import Connection
 from superfile.manifest.model import SuperfileEntry
+from superfile.table.optimize import optimize
 
-__all__ = ["CompactionPolicy"]
+__all__ = ["CompactionPolicy", "Compactor"]
+
+_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -95,3 +111,53 @@ class CompactionPolicy:
         half = self.target(max_rows_per_superfile) / 2
         small = Counter(e.partition for e in entries if e.live_rows < half)
         return max(small.values(), default=0)
+
+
+class Compactor:
+    """The builder's compaction process, shared by its table pipelines (their runs queue)."""
+
+    def __init__(self, uri: str, policy: CompactionPolicy) -> None:
+        self.uri = uri
+        self.policy = policy
+        self._lock = threading.Lock()
+        self._pool: ProcessPoolExecutor | None = None
+
+    def run(self, table: str) -> dict[str, Any] | None:
+        """One run on ``table`` if the policy says so: ``optimize()``'s result, or None when nothing is due.
+        Blocks until it is done. Raises what the run raised; a crashed process is replaced on the next run."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_lower_priority)
+            pool = self._pool
+        try:
+            return pool.submit(_run, self.uri, table, self.policy).result()
+        except BrokenProcessPool:
+            with self._lock:
+                if self._pool is pool:
+                    self._pool = None
+            raise
+
+    def close(self) -> None:
+        """Stop the process after its current run."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _lower_priority() -> None:
+    os.nice(_NICE)
+
+
+_connections: dict[str, Connection] = {}  # in the compaction process: one per storage (keeps its caches)
+
+
+def _run(uri: str, table_name: str, policy: CompactionPolicy) -> dict[str, Any] | None:
+    """In the compaction process: one bounded run, if due."""
+    conn = _connections.get(uri)
+    if conn is None:
+        conn = _connections[uri] = superfile.connect(uri)
+    table = conn.open_table(table_name)
+    if not policy.due(table._snapshot.entries(), table.options.max_rows_per_superfile):
+        return None
+    return optimize(table, policy.target_rows, select=policy.select, parallel=False)

@@ -16,10 +16,11 @@ update or a restore) waits for the commit in flight first. A restore starts
 a new batch (``indexer.py``). When a commit fails, the batch accumulating
 behind it is dropped too and the pipeline resumes.
 
-After a commit, the publisher thread starts a compaction on a third thread
-when the compaction policy says so (``compactor.py``); commits go on beside
-it, and wait for it only once the policy's stop count of small superfiles is
-reached. A failed compaction is logged and counted, and changes nothing: the
+After a commit, the publisher thread starts compacting on a third thread
+when the compaction policy says so (``compactor.py``): that thread hands
+runs to the builder's compaction process while the policy asks. Commits go
+on beside it, and wait for it only once the policy's stop count of small
+superfiles is reached. A failed compaction is logged and counted, and changes nothing: the
 policy asks again after the next commit.
 
 If the table is dropped, the pipeline stops (releasing the lease); events
@@ -29,9 +30,7 @@ pipeline if a table of that name appears again.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,9 +42,8 @@ from superfile.errors import SuperfileError, TableNotFoundError
 from superfile.events import LOG_PROPERTY, SOURCES_PROPERTY, topic_for
 from superfile.manifest.model import SuperfileEntry
 from superfile.table import Supertable
-from superfile.table.optimize import optimize as _optimize
 
-from superfile_builder.compactor import CompactionPolicy
+from superfile_builder.compactor import CompactionPolicy, Compactor
 from superfile_builder.indexer import REJECTED, Batch
 from superfile_builder.lease import Lease
 from superfile_builder.metrics import BuilderMetrics
@@ -58,7 +56,6 @@ __all__ = ["PipelineConfig", "TablePipeline"]
 log = logging.getLogger(__name__)
 
 _ERROR_REASONS = (UNDECODABLE, WRONG_TABLE, REJECTED)  # skips that are the producer's fault
-_COMPACTION_NICE = 10
 _POLL_S = 0.1  # longest wait in one poll: bounds how late a stop, a lost lease or a due commit is noticed
 
 
@@ -75,18 +72,17 @@ class PipelineConfig:
     compaction: CompactionPolicy = field(default_factory=CompactionPolicy)
 
 
-def _background_priority() -> None:
-    """Lower the calling thread's CPU priority (Linux: nice applies per thread), so that on a busy machine
-    the commits beside a compaction, which bound freshness, get the cores first."""
-    with contextlib.suppress(AttributeError, OSError):  # no per-thread priority here: run at the normal one
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _COMPACTION_NICE)
-
-
 class TablePipeline(threading.Thread):
     """Applies one table's log while holding its lease."""
 
     def __init__(
-        self, conn: Connection, table: str, config: PipelineConfig, lease: Lease, metrics: BuilderMetrics
+        self,
+        conn: Connection,
+        table: str,
+        config: PipelineConfig,
+        lease: Lease,
+        metrics: BuilderMetrics,
+        compactor: Compactor | None = None,
     ) -> None:
         super().__init__(name=f"pipeline-{table}", daemon=True)
         self.conn = conn
@@ -98,6 +94,7 @@ class TablePipeline(threading.Thread):
         self.gauges = metrics.table(table)
         self.labels = {"table": table}
         self.processor = Processor(table)
+        self.compactor = compactor  # None: no automatic compaction
         self.publisher = Publisher(self.topic, lease)
         self._stopping = threading.Event()
         self._table: Supertable | None = None
@@ -274,27 +271,23 @@ class TablePipeline(threading.Thread):
             self._compaction.result()  # back-pressure: the next commit waits until small superfiles are merged
             self.metrics.compaction_wait_seconds.record(time.perf_counter() - started, self.labels)
             running = False
-        if not running and policy.due(entries, limit) and self.lease.valid():
+        if self.compactor is not None and not running and policy.due(entries, limit) and self.lease.valid():
             self._compaction = self._compactor.submit(self._compact)
 
     def _compact(self) -> None:
-        """Compaction thread: ``optimize()`` with the policy's bounded selection, built one superfile at a
-        time, while the policy asks for it (see ``compactor.py``). A failure changes nothing and is only
-        counted; the next commit asks again."""
-        policy = self.config.compaction
-        _background_priority()
+        """Compaction thread: bounded runs in the compaction process while the policy asks for them (see
+        ``compactor.py``). A failure changes nothing and is only counted; the next commit asks again."""
+        assert self.compactor is not None
         try:
-            table = self.conn.open_table(self.table_name)
             while not self._stopping.is_set() and self.lease.valid():
-                limit = table.options.max_rows_per_superfile
-                if not policy.due(table._snapshot.entries(), limit):
-                    return
                 started = time.perf_counter()
-                result = _optimize(table, policy.target_rows, select=policy.select, parallel=False)
+                result = self.compactor.run(self.table_name)
+                if result is None:
+                    return
                 self.metrics.compaction_seconds.record(time.perf_counter() - started, self.labels)
                 self.metrics.compactions.add(1, self.labels)
                 self.metrics.superfiles_compacted.add(result["superfiles_removed"], self.labels)
-                self._update_footprint(table)
+                self._update_footprint(self.conn.open_table(self.table_name))
                 log.info(
                     "table %s: compacted %d superfiles into %d (version %d)",
                     self.table_name,

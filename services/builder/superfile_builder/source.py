@@ -44,6 +44,10 @@ class KafkaSource:
             "auto_offset_reset": "earliest",
             "max_partition_fetch_bytes": MAX_RECORD_BYTES + (1 << 20),
             "fetch_max_bytes": 4 * (MAX_RECORD_BYTES + (1 << 20)),
+            # A fetch that finds nothing new waits this long at the broker. With kafka-python's default (500)
+            # a record published meanwhile reached the builder 133 ms later at the median, 245 ms at p95
+            # (tansu, 10 records/s); with 100 it is 5 / 7 ms, for at most 10 idle fetches a second.
+            "fetch_max_wait_ms": 100,
         }
         config.update(consumer_config)
         self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, **config)
