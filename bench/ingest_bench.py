@@ -79,8 +79,8 @@ def _stat(pid: int) -> list[str]:
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """CPU time (user + system) each process and its live child processes have used so far, from /proc
-    (Linux): the builder's includes its compaction process."""
+    """CPU time (user + system) each process (with its live child processes, but for this one) has used so
+    far, from /proc (Linux): the builder's includes its compaction process."""
     ticks = os.sysconf("SC_CLK_TCK")
     parents = {}
     for entry in Path("/proc").iterdir():
@@ -89,7 +89,9 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
                 parents[int(entry.name)] = int(_stat(int(entry.name))[1])
     out = {}
     for name, pid in pids.items():
-        family = {pid} | {child for child, parent in parents.items() if parent == pid}
+        family = {pid}
+        if pid != os.getpid():  # this process's children are the servers, counted on their own
+            family |= {child for child, parent in parents.items() if parent == pid}
         total = 0
         for member in family:
             with contextlib.suppress(OSError):
