@@ -4,14 +4,19 @@ maintenance and history endpoints work against a table the builder writes."""
 from __future__ import annotations
 
 import math
+import os
+import signal
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 import pyarrow as pa
+import pytest
 import superfile
 from builder_support import SCHEMA, BuilderProcess, create_table, gauge, rows, wait_until
 from superfile.events import Event, EventLog, Position
 from superfile.table.optimize import optimize
-from superfile_builder.compactor import CompactionPolicy
+from superfile_builder.compactor import CompactionPolicy, Compactor
 from superfile_gateway import BackgroundServer, Settings
 from superfile_suite import Server, free_port
 
@@ -201,3 +206,31 @@ def test_one_compaction_run_is_bounded_and_takes_the_smallest_first(table_name: 
     result = optimize(table, select=policy.select, parallel=False)
     assert (result["superfiles_removed"], result["rows_rewritten"], result["superfiles_added"]) == (2, 38, 1)
     assert not policy.due(table._snapshot.entries(), TARGET)  # 4 small superfiles left
+
+
+def test_compaction_process_runs_and_a_crashed_one_is_replaced(tmp_path: Path, table_name: str) -> None:
+    """The builder's compaction process: a run happens there (the table changes under this process's handle),
+    a killed process fails only the run it had, and the next run gets a new process."""
+    uri = f"file://{tmp_path}"
+    table = superfile.connect(uri).create_table(table_name, SCHEMA, max_rows_per_superfile=TARGET)
+    for i in range(6):
+        table.append(rows([f"a{i}"]))
+    compactor = Compactor(uri, CompactionPolicy(2))
+    try:
+        result = compactor.run(table_name)
+        assert result is not None and result["superfiles_removed"] == 6, result
+        assert table.stats()["superfile_count"] == 1 and table.count_rows() == 6
+        assert compactor.run(table_name) is None  # nothing due
+        pool = compactor._pool
+        assert pool is not None
+        for pid in list(pool._processes):
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(BrokenProcessPool):
+            compactor.run(table_name)
+        for i in range(3):
+            table.append(rows([f"b{i}"]))
+        result = compactor.run(table_name)  # a new process
+        assert result is not None and result["superfiles_removed"] == 4, result
+        assert sorted(_keys(table)) == sorted([f"a{i}" for i in range(6)] + [f"b{i}" for i in range(3)])
+    finally:
+        compactor.close()
