@@ -50,7 +50,6 @@ from multiprocessing import get_context
 from typing import Any
 
 import superfile
-from superfile.connection import Connection
 from superfile.manifest.model import SuperfileEntry
 from superfile.table.optimize import optimize
 
@@ -149,15 +148,10 @@ def _lower_priority() -> None:
     os.nice(_NICE)
 
 
-_connections: dict[str, Connection] = {}  # in the compaction process: one per storage (keeps its caches)
-
-
 def _run(uri: str, table_name: str, policy: CompactionPolicy) -> dict[str, Any] | None:
-    """In the compaction process: one bounded run, if due."""
-    conn = _connections.get(uri)
-    if conn is None:
-        conn = _connections[uri] = superfile.connect(uri)
-    table = conn.open_table(table_name)
+    """In the compaction process: one bounded run, if due. A connection per run: its caches would hold
+    the superfiles the run just replaced."""
+    table = superfile.connect(uri).open_table(table_name)
     if not policy.due(table._snapshot.entries(), table.options.max_rows_per_superfile):
         return None
     return optimize(table, policy.target_rows, select=policy.select, parallel=False)
