@@ -286,6 +286,21 @@ def test_idempotent_append(table: Any) -> None:
     with pytest.raises(InvalidInputError):
         table.append(_rows(range(1)), idempotency_key="")
     assert table.count_rows() == 15
+    assert table.idempotency_version("batch-20") == v and table.idempotency_version("batch-22") == v + 1
+    assert table.idempotency_version("never-used") is None
+    assert table.checkout(v).idempotency_version("batch-22") is None  # a past version had not seen it
+    with pytest.raises(InvalidInputError):
+        table.idempotency_version("")
+
+
+def test_properties_follow_the_version(db: Any) -> None:
+    """Commit properties (the builder's log offsets, the idempotency ledger) as of the handle's version."""
+    t = db.create_table(f"p_{uuid.uuid4().hex[:8]}", SIMPLE)
+    created = t.version
+    assert t.properties == {}
+    t.append([{"key": 1, "title": "a"}], idempotency_key="first")
+    assert t.properties and all(isinstance(k, str) for k in t.properties)  # the key's ledger entry
+    assert t.checkout(created).properties == {}
 
 
 def _small_files(db: Any, appends: int = 6) -> Any:

@@ -598,6 +598,20 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         with gw.using(name):
             return gw.table(name, at).stats()
 
+    @app.get("/tables/{name}/properties", tags=["tables"])
+    def properties(name: str, p: Auth, at: ReadAt) -> dict[str, dict[str, Any]]:
+        """What commits recorded (e.g. the log offsets the builder applied)."""
+        p.require(name, "r")
+        with gw.using(name):
+            return {"properties": gw.table(name, at).properties}
+
+    @app.get("/tables/{name}/idempotency", tags=["tables"])
+    def idempotency_version(name: str, key: str, p: Auth, at: ReadAt) -> dict[str, int | None]:
+        """The version that committed this idempotency key (null: none retained did)."""
+        p.require(name, "r")
+        with gw.using(name):
+            return {"version": gw.table(name, at).idempotency_version(key)}
+
     @app.get("/tables/{name}/versions", tags=["tables"])
     def versions(name: str, p: Auth, at: ReadAt) -> dict[str, list[dict[str, Any]]]:
         """Retained versions (of a past version: those up to it)."""

@@ -117,6 +117,20 @@ class RemoteTable:
         params = {"version": self._pinned} if self._pinned is not None else {}
         return dict(self._conn._json("GET", f"{self._path}/stats", params=params))
 
+    @property
+    def properties(self) -> dict[str, Any]:
+        """Properties commits recorded (e.g. the event-log offsets the builder applied)."""
+        params = {"version": self._pinned} if self._pinned is not None else {}
+        return dict(self._conn._json("GET", f"{self._path}/properties", params=params)["properties"])
+
+    def idempotency_version(self, idempotency_key: str) -> int | None:
+        """The version whose commit recorded this idempotency key (None if none retained does)."""
+        params: dict[str, Any] = {"key": idempotency_key}
+        if self._pinned is not None:
+            params["version"] = self._pinned
+        version = self._conn._json("GET", f"{self._path}/idempotency", params=params)["version"]
+        return None if version is None else int(version)
+
     def versions(self) -> list[dict[str, Any]]:
         """Every retained version (up to this handle's, if it is on a past one): number, time, operation, rows."""
         params = {"version": self._pinned} if self._pinned is not None else {}
