@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pyarrow as pa
@@ -17,6 +18,7 @@ import pytest
 import superfile
 from superfile_builder.metrics import BuilderMetrics
 from superfile_gateway import BackgroundServer, Settings
+from superfile_ingest.metrics import IngestMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +43,16 @@ def test_compose_file_is_valid() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert set(out.stdout.split()) >= {"s3", "kafka", "redis", "builder", "gateway", "prometheus", "grafana"}
+    with_ingest = subprocess.run(
+        [_compose(), "-f", str(ROOT / "compose.yaml"), "--profile", "ingest", "config", "--services"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert with_ingest.returncode == 0 and "ingest" in with_ingest.stdout.split(), with_ingest.stderr
+    assert "ingest" not in out.stdout.split()  # only with its profile
 
 
 def test_compose_requires_api_keys() -> None:
@@ -91,6 +103,13 @@ def test_dashboard_metrics_are_exported(tmp_path: Path) -> None:
     builder.superfiles_compacted.add(4, labels)
     builder.compaction_seconds.record(0.5, labels)
     builder.compaction_wait_seconds.record(0.1, labels)
+    # The ingest job's listener, fed the fields of a real StreamingQueryProgress (Spark runs in the ingest tests).
+    ingest = IngestMetrics()
+    ingest.onQueryStarted(SimpleNamespace(id="q1", name="docs"))
+    progress = {"name": "docs", "id": "q1", "numInputRows": 5, "batchDuration": 120}
+    progress |= {"inputRowsPerSecond": 4.0, "processedRowsPerSecond": 40.0}
+    ingest.onQueryProgress(SimpleNamespace(progress=SimpleNamespace(**progress)))
+    ingest.onQueryTerminated(SimpleNamespace(id="q1", exception="boom"))
 
     settings = Settings(storage=f"file://{tmp_path}", api_keys=(), auth=False)
     with BackgroundServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:

@@ -8,6 +8,7 @@ extra (opentelemetry-sdk, opentelemetry-exporter-prometheus).
 from __future__ import annotations
 
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry import metrics
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -16,7 +17,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-__all__ = ["CONTENT_TYPE", "meter", "render", "seconds_histogram", "setup"]
+__all__ = ["CONTENT_TYPE", "meter", "render", "seconds_histogram", "serve", "setup"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _lock = threading.Lock()
@@ -51,3 +52,27 @@ def render() -> bytes:
 def seconds_histogram(m: Meter, name: str, description: str) -> Histogram:
     """A latency histogram in seconds with buckets that resolve milliseconds (the default ones do not)."""
     return m.create_histogram(name, unit="s", description=description, explicit_bucket_boundaries_advisory=_SECONDS)
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path.split("?")[0] != "/metrics":
+            self.send_error(404)
+            return
+        body = render()
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return  # scrapes are not worth a log line
+
+
+def serve(port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Serve ``/metrics`` on a daemon thread, for processes without a web app of their own (the builder,
+    the ingest job); ``shutdown()`` the returned server to stop."""
+    server = ThreadingHTTPServer((host, port), _MetricsHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

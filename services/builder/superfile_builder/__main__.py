@@ -16,12 +16,11 @@ import logging
 import signal
 import threading
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 
 import redis
 import superfile
-from superfile.telemetry import CONTENT_TYPE, render
+from superfile.telemetry import serve
 
 from superfile_builder.compactor import CompactionPolicy, Compactor
 from superfile_builder.lease import LeaseKeeper
@@ -98,22 +97,6 @@ class Builder:
         self._stop.set()
 
 
-class _Metrics(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        if self.path.split("?")[0] != "/metrics":
-            self.send_error(404)
-            return
-        body = render()
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        return  # scrapes are not worth a log line
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="superfile-builder", description=__doc__.split("\n")[0])
     p.add_argument("--storage", required=True, help="table root URI (s3://bucket/prefix?endpoint_url=..., file://...)")
@@ -164,10 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     builder = Builder(
         args.storage, config, args.redis, tables=args.tables, lease_ms=args.lease_ms, rescan_ms=args.rescan_ms
     )
-    server: ThreadingHTTPServer | None = None
-    if args.metrics_port:
-        server = ThreadingHTTPServer(("0.0.0.0", args.metrics_port), _Metrics)
-        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    server = serve(args.metrics_port) if args.metrics_port else None
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         builder.stop()

@@ -22,8 +22,10 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 from superfile.errors import InvalidOptionError
 from superfile.schema import user_schema
+from superfile.telemetry import serve
 
 from superfile_ingest import ForeachBatchSink, register
+from superfile_ingest.metrics import instrument
 
 __all__ = ["local_session", "main", "read_schema", "stream_files"]
 
@@ -67,10 +69,13 @@ def stream_files(
     max_files_per_trigger: int | None = None,
     once: bool = False,
     sink: str = "foreach_batch",
+    query_name: str | None = None,
 ) -> StreamingQuery:
     """Start the query streaming ``source_dir`` into ``table``; returns the running query.
 
     ``sink`` is ``foreach_batch`` (:class:`ForeachBatchSink`, the faster) or ``datasource`` (``format("superfile")``).
+    The query is named ``query_name`` (default: the table; names must differ among a session's active
+    queries): the ``query`` label of the job's metrics.
     """
     reader = spark.readStream.schema(read_schema(storage, table))
     if max_files_per_trigger:
@@ -85,7 +90,7 @@ def stream_files(
         writer = frame.writeStream.foreachBatch(target)
     else:
         raise InvalidOptionError(f"sink must be 'datasource' or 'foreach_batch', got {sink!r}")
-    writer = writer.option("checkpointLocation", checkpoint)
+    writer = writer.option("checkpointLocation", checkpoint).queryName(query_name or table)
     return (writer.trigger(availableNow=True) if once else writer).start()
 
 
@@ -104,8 +109,13 @@ def main(argv: list[str] | None = None) -> None:
         "--sink", default="foreach_batch", choices=["foreach_batch", "datasource"], help="see docs/ingest.md"
     )
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--metrics-port", type=int, default=9102, help="serve /metrics here (0: do not)")
     args = parser.parse_args(argv)
     spark = local_session(args.master)
+    server = None
+    if args.metrics_port:
+        instrument(spark)
+        server = serve(args.metrics_port)
     query = stream_files(
         spark,
         source_dir=args.source_dir,
@@ -120,12 +130,16 @@ def main(argv: list[str] | None = None) -> None:
         sink=args.sink,
     )
     print(f"query {query.id} streaming {args.source_dir} into {args.table}", flush=True)
+    if server is not None:
+        print(f"metrics at http://127.0.0.1:{args.metrics_port}/metrics", flush=True)
     try:
         query.awaitTermination()
     except KeyboardInterrupt:
         query.stop()
     finally:
         spark.stop()
+        if server is not None:
+            server.shutdown()
 
 
 if __name__ == "__main__":

@@ -31,11 +31,13 @@ from pyspark.sql.streaming import StreamingQuery
 from superfile.errors import TableNotFoundError
 from superfile.events import LOG_PROPERTY, Event, EventLog, decode, topic_for
 from superfile.schema import coerce
+from superfile.telemetry import render
 from superfile_gateway import BackgroundServer, Settings
 from superfile_ingest import ForeachBatchSink, source_for
 from superfile_ingest.example import stream_files
+from superfile_ingest.metrics import instrument
 from superfile_ingest.publish import canonical, chunks, publish_batch
-from superfile_suite import Server
+from superfile_suite import Server, free_port
 
 CRANFIELD = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield"
 DOCS = pq.read_table(CRANFIELD / "docs.parquet")
@@ -108,6 +110,14 @@ def _applied(table: superfile.Supertable, bootstrap: str, builder: BuilderProces
     return events
 
 
+def _ingest_metric(name: str, query: str) -> float | None:
+    """One series of ``superfile_ingest_<name>`` for a query, from this process's metrics."""
+    for line in render().decode().splitlines():
+        if line.startswith(f"superfile_ingest_{name}{{") and f'query="{query}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 def _assert_holds_exactly(table: superfile.Supertable, expected: pa.Table) -> None:
     """Every expected row once, nothing else, values unchanged."""
     got = table.to_arrow().drop_columns(["_id"]).sort_by("id")
@@ -127,6 +137,7 @@ def test_cranfield_streams_into_a_table_searchable_alike_over_rest_sdk_and_embed
 ) -> None:
     table = _create(s3_uri)
     builder = builders([table.name])
+    instrument(spark)
     query = stream_files(
         spark,
         source_dir=str(_parquet_files(tmp_path / "src", DOCS, 4)),
@@ -146,6 +157,16 @@ def test_cranfield_streams_into_a_table_searchable_alike_over_rest_sdk_and_embed
     assert seqs == sorted(set(seqs)), "a query's seqs reach the log in increasing order"
     assert {s[0] for s in seqs} == {0, 1, 2, 3}  # one micro-batch per file
     _assert_holds_exactly(table, DOCS)
+    # The job's /metrics, from Spark's progress reports on the driver (listener events arrive asynchronously).
+    wait_until(
+        lambda: (
+            _ingest_metric("rows_total", table.name) == DOCS.num_rows
+            and _ingest_metric("batches_total", table.name) == 4
+        ),
+        30,
+        f"the ingest metrics of {table.name}",
+    )
+    assert _ingest_metric("processed_rows_per_second", table.name) > 0
 
     settings = Settings(storage=s3_uri, kafka=kafka.url, auth=False)
     with (
@@ -265,11 +286,12 @@ def test_the_example_job_streams_json_files(
     argv = [
         *(sys.executable, "-m", "superfile_ingest.example", "--source-dir", str(source), "--format", "json"),
         *("--table", table.name, "--storage", s3_uri, "--bootstrap", kafka.url),
-        *("--checkpoint", str(tmp_path / "checkpoint"), "--once"),
+        *("--checkpoint", str(tmp_path / "checkpoint"), "--once", "--metrics-port", str(port := free_port())),
     ]
     job = subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False)
     assert job.returncode == 0, job.stderr[-4000:]
     assert f"streaming {source} into {table.name}" in job.stdout
+    assert f"metrics at http://127.0.0.1:{port}/metrics" in job.stdout
     _applied(table, kafka.url, builder)
     _assert_holds_exactly(table, rows)
 
