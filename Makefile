@@ -51,10 +51,10 @@ bench: install-test
 
 # The whole service suite as local processes on 127.0.0.1 (broker, S3 server, Redis, builder, gateway).
 up: install-test
-	$(BIN)/python -m superfile_suite up
+	$(BIN)/python -m superfile_suite up $(SUITE_ARGS)
 
 down:
-	$(BIN)/python -m superfile_suite down
+	$(BIN)/python -m superfile_suite down $(SUITE_ARGS)
 
 clean:
 	rm -rf $(VENV) data .suite .pytest_cache .mypy_cache .ruff_cache
