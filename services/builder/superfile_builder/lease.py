@@ -53,6 +53,7 @@ class Lease:
         self._token: str | None = None
         self._fence = 0
         self._valid_until = 0.0
+        self.expires_in = 0.0  # seconds until the other holder's lease expired, as of the last try
 
     @property
     def fence(self) -> int:
@@ -65,10 +66,13 @@ class Lease:
             return self._token is not None and time.monotonic() < self._valid_until
 
     def try_acquire(self) -> bool:
-        """Take the lease if nobody holds it; True when this builder now holds it."""
+        """Take the lease if nobody holds it; True when this builder now holds it. When another builder
+        holds it, :attr:`expires_in` says when its lease runs out unless renewed."""
         if self.valid():
             return True
-        if self._client.exists(self.key):  # held elsewhere: do not burn a fence number
+        remaining_ms = int(self._client.pttl(self.key))  # -2: no such key; -1: no expiry (not ours to judge)
+        if remaining_ms != -2:  # held elsewhere: do not burn a fence number
+            self.expires_in = remaining_ms / 1000 if remaining_ms >= 0 else self.ttl_ms / 1000
             return False
         fence = int(self._client.incr(self.fence_key))
         token = f"{fence}:{self.owner}"

@@ -56,6 +56,7 @@ __all__ = ["PipelineConfig", "TablePipeline"]
 log = logging.getLogger(__name__)
 
 _ERROR_REASONS = (UNDECODABLE, WRONG_TABLE, REJECTED)  # skips that are the producer's fault
+_EXPIRY_SLACK_S = 0.01  # after the holder's lease runs out in Redis, before trying again
 _POLL_S = 0.1  # longest wait in one poll: bounds how late a stop, a lost lease or a due commit is noticed
 
 
@@ -142,14 +143,17 @@ class TablePipeline(threading.Thread):
                 self._drop()
                 synced = False
                 self.gauges.lease_held = 0
+                # Try again a few times per ttl, and right when the holder's lease runs out: a dead
+                # holder's table is taken over within the lease ttl of its last renewal.
                 try:
                     acquired = self.lease.try_acquire()
+                    wait = min(retry, self.lease.expires_in + _EXPIRY_SLACK_S)
                 except redis.RedisError as exc:
                     log.warning("table %s: lease not acquired: %s", self.table_name, exc)
                     self.metrics.errors.add(1, {**self.labels, "kind": "redis"})
-                    acquired = False
+                    acquired, wait = False, retry
                 if not acquired:
-                    self._stopping.wait(retry)
+                    self._stopping.wait(wait)
                     continue
                 self.gauges.lease_held = 1
             try:
