@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from collections.abc import Callable
 
@@ -73,3 +74,44 @@ def test_log_applied_in_order_with_replays_and_garbage_skipped(
     assert value("superfile_builder_lag_records") == 0
     assert value("superfile_builder_superfiles") >= 1
     assert value("superfile_builder_commit_seconds_count") >= 1
+
+
+def test_a_batch_commits_on_size_well_before_the_freshness_bound(
+    s3_uri: str, kafka: Server, builders: Callable[..., BuilderProcess], table_name: str
+) -> None:
+    """``--commit-rows``: a batch closes at the record that takes it to the size, not at the (10 min) bound."""
+    table = create_table(s3_uri, table_name)
+    builder = builders([table_name], commit_rows=50, freshness_ms=600_000, compact_small_files=0)
+    log = EventLog(kafka.url)
+    try:
+        positions = [
+            log.publish(Event("append", table_name, "p", (i,), rows([f"k{i}-{j}" for j in range(20)])))
+            for i in range(7)
+        ]
+    finally:
+        log.close()
+    # 20-row events: batches close at 60 rows (events 0-2 and 3-5); event 6 stays staged.
+    wait_until(lambda: _applied(table, positions[5]), 60, f"two size-triggered commits:\n{builder.output()}")
+    assert table.count_rows() == 120 and not _applied(table, positions[6])
+    appends = [h for h in table.versions() if h["operation"] == "append"]
+    assert [h["rows_added"] for h in appends] == [60, 60]
+
+
+def test_a_small_batch_commits_once_the_freshness_bound_passes(
+    s3_uri: str, kafka: Server, builders: Callable[..., BuilderProcess], table_name: str
+) -> None:
+    """``--freshness-ms``: a batch far below the size commits when its first record is that old."""
+    table = create_table(s3_uri, table_name)
+    builder = builders([table_name], commit_rows=100_000, freshness_ms=800, compact_small_files=0)
+    log = EventLog(kafka.url)
+    try:
+        warmup = log.publish(Event("append", table_name, "p", (0,), rows(["w"])))
+        wait_until(lambda: _applied(table, warmup), 60, f"the builder to start:\n{builder.output()}")
+        published = time.monotonic()
+        position = log.publish(Event("append", table_name, "p", (1,), rows(["a", "b", "c"])))
+    finally:
+        log.close()
+    wait_until(lambda: _applied(table, position), 30, f"a time-triggered commit:\n{builder.output()}")
+    elapsed = time.monotonic() - published
+    assert 0.8 <= elapsed < 0.8 + 5, elapsed  # not before the bound; then one small commit
+    assert table.versions()[-1]["rows_added"] == 3 and table.count_rows() == 4
