@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.resources
+import math
 import os
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from superfile.errors import (
     VectorDimensionError,
 )
 from superfile.format.fulltext import make_analyzer
+from superfile.table.search import Searcher
 
 HERE = Path(__file__).resolve().parent
 CRANFIELD = HERE.parents[2] / "examples" / "data" / "cranfield"
@@ -376,6 +378,56 @@ def test_bm25_relevance_and_sharding_invariance(cranfield_runs: dict[int, list[l
     assert abs(ndcg[1] - ndcg[16]) <= 0.005
     same = np.mean([a == b for a, b in zip(cranfield_runs[1], cranfield_runs[16], strict=True)])
     assert same >= 0.95
+
+
+def _same_ranking(a: pa.Table, b: pa.Table) -> bool:
+    """Equal top-k up to float32 rounding: shared rows score alike, and rows in only one list tie with its end."""
+    sa = dict(zip(a.column("_id").to_pylist(), a.column("score").to_pylist(), strict=True))
+    sb = dict(zip(b.column("_id").to_pylist(), b.column("score").to_pylist(), strict=True))
+    if len(sa) != len(sb):
+        return False
+    if not sa:
+        return True
+    last = min(min(sa.values()), min(sb.values()))
+    shared = all(math.isclose(sa[i], sb[i], rel_tol=1e-5) for i in sa.keys() & sb.keys())
+    return shared and all({**sa, **sb}[i] <= last * (1 + 1e-5) for i in sa.keys() ^ sb.keys())
+
+
+def test_bm25_union_of_superfiles_ranks_like_the_per_superfile_path(
+    cranfield: pa.Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm table without deletion vectors answers BM25 with one tantivy search over every superfile's
+    segments (format/fulltext_union.py); the ranking must be the exact per-superfile path's."""
+    db = superfile.connect(f"memory://union-{os.urandom(6).hex()}", cache_dir=str(tmp_path))
+    t = db.create_table(
+        "d",
+        cranfield.schema,
+        fts_columns=["text"],
+        vector_columns={"embedding": {"dim": 384}},
+        max_rows_per_superfile=-(-cranfield.num_rows // 16),
+        min_rows_per_shard=cranfield.num_rows,
+    )
+    t.append(cranfield)
+    assert t.stats()["superfile_count"] == 16
+    queries = pq.read_table(CRANFIELD / "queries.parquet").column("text").to_pylist()[:40]
+    t.bm25_search("text", "the of and flow", k=1)  # opens every superfile: from now on the union answers
+    asked = [(q, k) for q in queries for k in (10, 100)]
+    union = [t.bm25_search("text", q, k=k, projection=["_id", "score"]) for q, k in asked]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("union-")]  # the union was built and used
+    assert union[0].schema.metadata[b"superfile.searched"] != b"0"
+    # Mode "all" ranks the rows holding every term by the same scores.
+    for q in queries:
+        both = t.bm25_search("text", q, k=5, mode="all", projection=["_id", "score"])
+        anyway = dict(zip(*t.bm25_search("text", q, k=1400, projection=["_id", "score"]).to_pydict().values()))
+        assert all(math.isclose(anyway[i], s, rel_tol=1e-6) for i, s in zip(*both.to_pydict().values()))
+    monkeypatch.setattr(Searcher, "_union", lambda self, column: None)  # the per-superfile path
+    exact = [t.bm25_search("text", q, k=k, projection=["_id", "score"]) for q, k in asked]
+    assert all(u.num_rows for u in union)
+    assert all(_same_ranking(u, e) for u, e in zip(union, exact, strict=True))
+    monkeypatch.undo()
+    t.delete("id = 1")  # a deletion vector: the table goes back to the exact path, and the row is gone
+    got = t.bm25_search("text", queries[0], k=1400, projection=["id"]).column("id").to_pylist()
+    assert 1 not in got and got
 
 
 def test_bm25_modes_prefix_deletes_and_errors(cran_table: superfile.Supertable) -> None:

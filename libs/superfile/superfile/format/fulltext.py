@@ -52,6 +52,7 @@ __all__ = [
     "CorpusStats",
     "FullTextBlob",
     "FullTextIndex",
+    "analyzer_name",
     "build_fulltext",
     "fieldnorm_id",
     "global_top_k",
@@ -132,14 +133,15 @@ def value_hash(value: str) -> int:
     return int.from_bytes(digest, "little")
 
 
-def _analyzer_name(tokenizer: str) -> str:
+def analyzer_name(tokenizer: str) -> str:
+    """The name an index registers the tokenizer's analyzer under."""
     return f"sf_{tokenizer}"
 
 
 def _schema(tokenizer: str) -> tantivy.Schema:
     sb = tantivy.SchemaBuilder()
     sb.add_unsigned_field(ROW_FIELD, indexed=True, fast=True)
-    sb.add_text_field(TEXT_FIELD, stored=False, tokenizer_name=_analyzer_name(tokenizer), index_option=INDEX_OPTION)
+    sb.add_text_field(TEXT_FIELD, stored=False, tokenizer_name=analyzer_name(tokenizer), index_option=INDEX_OPTION)
     sb.add_unsigned_field(HASH_FIELD, indexed=True)
     return sb.build()
 
@@ -305,7 +307,7 @@ def build_fulltext(values: pa.Array | pa.ChunkedArray, tokenizer: str, *, work_d
     tmp = tempfile.mkdtemp(prefix="sf-fts-", dir=work_dir)
     try:
         index = tantivy.Index(_schema(tokenizer), path=tmp)
-        index.register_tokenizer(_analyzer_name(tokenizer), analyzer)
+        index.register_tokenizer(analyzer_name(tokenizer), analyzer)
         writer = index.writer(heap_size=_WRITER_HEAP, num_threads=1)
         dumps = json.dumps  # add_json measured a little faster than add_document (see docs/format.md)
         for row, value in enumerate(values.to_pylist()):
@@ -443,7 +445,7 @@ class FullTextIndex:
         self.tokenizer = tokenizer
         self._analyzer = make_analyzer(tokenizer)
         self._analyzer_lock = threading.Lock()  # a TextAnalyzer is mutably borrowed while it runs
-        index.register_tokenizer(_analyzer_name(tokenizer), make_analyzer(tokenizer))
+        index.register_tokenizer(analyzer_name(tokenizer), make_analyzer(tokenizer))
         self.searcher = index.searcher()
         self.num_docs: int = self.searcher.num_docs
         self._avg_len: float | None = None
@@ -452,6 +454,11 @@ class FullTextIndex:
         self._length_cache: dict[tuple[int, int], _Lengths] = {}
         if norms is not None and len(norms.ids) != self.num_docs:
             raise ValueError(f"norms cover {len(norms.ids)} rows, the index has {self.num_docs}")
+
+    @property
+    def directory(self) -> str | None:
+        """Where the index's files are (None for an index not opened from a directory)."""
+        return self._directory
 
     @classmethod
     def from_blob(cls, blob: memoryview, path: str, tokenizer: str, *, source: str) -> FullTextIndex:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import logging
 import math
 import threading
 from collections import OrderedDict
@@ -36,11 +37,14 @@ from superfile.errors import (
 )
 from superfile.expressions import Predicate, parse_predicate
 from superfile.format.fulltext import Candidates, CorpusStats, FullTextIndex, global_top_k, make_analyzer
+from superfile.format.fulltext_union import UnionIndex, union_of
 from superfile.manifest.model import SuperfileEntry
 from superfile.schema import ID, SCORE
 from superfile.table.snapshot import Snapshot
 
 __all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "rrf_fuse"]
+
+log = logging.getLogger(__name__)
 
 MAX_K = 10_000
 MAX_PREFIX_TERMS = 64
@@ -317,11 +321,32 @@ class Searcher:
             df += np.asarray(row, np.int64)
         return CorpusStats(num_docs, total_tokens, dict(zip(terms, df.tolist(), strict=True)))
 
+    def _union(self, column: str) -> tuple[UnionIndex, list[SuperfileEntry]] | None:
+        """One searcher over every superfile's index of ``column`` (``format/fulltext_union.py``), when it
+        ranks exactly like the per-superfile path: no deletion vectors, and every superfile already open
+        (a union would open the pruned ones too). Returns it with its parts' superfiles; None otherwise, or
+        if the union cannot be built."""
+        entries = self.snap.entries()
+        if not entries or any(e.deletes is not None or not self.snap.files.is_open(e) for e in entries):
+            return None
+        try:
+            union = union_of([self._fulltext(e, column) for e in entries], self.snap.files.cache_dir)
+        except (OSError, ValueError) as exc:
+            log.warning("full-text union of %d superfiles not built, searching them one by one: %s", len(entries), exc)
+            return None
+        return union, entries
+
     def bm25(self, column: str, terms: list[str], k: int, mode: str, projection: Sequence[str] | None) -> pa.Table:
         terms = list(dict.fromkeys(terms))
         if not terms:
             return self._result([], k, True, projection)
         candidates = self._term_candidates(column, terms, mode)
+        united = self._union(column)
+        if united is not None:
+            union, entries = united
+            self.searched = len(candidates)  # where the terms can be; the union skips the rest natively
+            hits = [_Hits(entries[i], rows, scores) for i, rows, scores in union.top(terms, k, mode)]
+            return self._result(hits, k, True, projection)
         stats = self._corpus_stats(column, terms, candidates)
         if mode == "all" and min(stats.doc_freq.values(), default=0) == 0:
             candidates = []
