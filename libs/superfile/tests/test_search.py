@@ -417,9 +417,10 @@ def test_bm25_union_of_superfiles_ranks_like_the_per_superfile_path(
     assert union[0].schema.metadata[b"superfile.searched"] != b"0"
     # Mode "all" ranks the rows holding every term by the same scores.
     for q in queries:
-        both = t.bm25_search("text", q, k=5, mode="all", projection=["_id", "score"])
-        anyway = dict(zip(*t.bm25_search("text", q, k=1400, projection=["_id", "score"]).to_pydict().values()))
-        assert all(math.isclose(anyway[i], s, rel_tol=1e-6) for i, s in zip(*both.to_pydict().values()))
+        both = t.bm25_search("text", q, k=5, mode="all", projection=["_id", "score"]).to_pydict()
+        anyway = t.bm25_search("text", q, k=1400, projection=["_id", "score"]).to_pydict()
+        score = dict(zip(anyway["_id"], anyway["score"], strict=True))
+        assert all(math.isclose(score[i], s, rel_tol=1e-6) for i, s in zip(both["_id"], both["score"], strict=True))
     monkeypatch.setattr(Searcher, "_union", lambda self, column: None)  # the per-superfile path
     exact = [t.bm25_search("text", q, k=k, projection=["_id", "score"]) for q, k in asked]
     assert all(u.num_rows for u in union)
