@@ -44,8 +44,10 @@ _unions = LRU(16)
 class UnionIndex:
     """A searcher over the segments of ``parts`` (in order); hits map back to (part, row offset)."""
 
-    def __init__(self, index: tantivy.Index, part_of_segment: list[int], tokenizer: str) -> None:
+    def __init__(self, index: tantivy.Index, part_of_segment: list[int], tokenizer: str, ordered: bool) -> None:
+        """``ordered``: the parts' rows, in part order, are in ascending ``_id`` order (see :meth:`top`)."""
         index.register_tokenizer(analyzer_name(tokenizer), make_analyzer(tokenizer))
+        self.ordered = ordered
         self.index = index
         self.searcher = index.searcher()
         if self.searcher.num_segments != len(part_of_segment):
@@ -53,15 +55,19 @@ class UnionIndex:
         self._part_of = np.asarray(part_of_segment, np.int64)
 
     def top(self, terms: Sequence[str], k: int, mode: str) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """The BM25 top-``k`` (and any rows tied with the k-th) of analysed ``terms`` (mode "any" or "all"),
-        as (part index, row offsets, float32 scores) per part that has hits."""
+        """The BM25 top-``k`` of analysed ``terms`` (mode "any" or "all"), as (part index, row offsets,
+        float32 scores) per part that has hits; ties break by ``_id`` as on the per-superfile path.
+
+        Tantivy breaks ties by ascending (segment, doc). When the union is ``ordered`` that is ``_id``
+        order, and its top-k is the answer. Otherwise every row tied with the k-th is fetched as well, and
+        the caller picks among them by ``_id``."""
         occur = tantivy.Occur.Must if mode == "all" else tantivy.Occur.Should
         schema = self.index.schema
         query = tantivy.Query.boolean_query([(occur, tantivy.Query.term_query(schema, TEXT_FIELD, t)) for t in terms])
-        limit = k + _TIE_EXTRA
+        limit = k if self.ordered else k + _TIE_EXTRA
         while True:
             hits = self.searcher.search(query, limit, count=False).hits
-            if len(hits) < limit or hits[-1][0] < hits[k - 1][0]:
+            if self.ordered or len(hits) < limit or hits[-1][0] < hits[k - 1][0]:
                 break
             limit *= 4
         if not hits:
@@ -73,18 +79,20 @@ class UnionIndex:
         return [(int(p), rows[parts == p], scores[parts == p]) for p in np.unique(parts)]
 
 
-def union_of(parts: Sequence[FullTextIndex], cache_dir: str) -> UnionIndex:
-    """The union of these indexes (same column, same tokenizer), built under ``cache_dir`` or reused.
-    Raises OSError or ValueError when a part's files are not where they were extracted."""
+def union_of(parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool) -> UnionIndex:
+    """The union of these indexes (same column, same tokenizer, in this order), built under ``cache_dir`` or
+    reused; ``ordered`` as in :class:`UnionIndex`. Raises OSError or ValueError when a part's files are not
+    where they were extracted."""
     directories = [p.directory for p in parts]
     if any(d is None for d in directories):
         raise ValueError("a part has no directory")
     key = hashlib.sha1("\n".join(d for d in directories if d).encode()).hexdigest()[:20]
-    union, _ = _unions.get_or_load(key, lambda: _open(parts, os.path.join(cache_dir, f"union-{key}")))
+    path = os.path.join(cache_dir, f"union-{key}")
+    union, _ = _unions.get_or_load(f"{key}:{ordered}", lambda: _open(parts, path, ordered))
     return union
 
 
-def _open(parts: Sequence[FullTextIndex], path: str) -> UnionIndex:
+def _open(parts: Sequence[FullTextIndex], path: str, ordered: bool) -> UnionIndex:
     metas = []
     for part in parts:
         assert part.directory is not None
@@ -93,7 +101,7 @@ def _open(parts: Sequence[FullTextIndex], path: str) -> UnionIndex:
     part_of = [i for i, meta in enumerate(metas) for _ in meta["segments"]]
     if not os.path.isdir(path):
         _link(parts, metas, path)
-    return UnionIndex(tantivy.Index.open(path), part_of, parts[0].tokenizer)
+    return UnionIndex(tantivy.Index.open(path), part_of, parts[0].tokenizer, ordered)
 
 
 def _link(parts: Sequence[FullTextIndex], metas: list[dict], path: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import itertools
 import logging
 import math
 import threading
@@ -45,6 +46,13 @@ from superfile.table.snapshot import Snapshot
 __all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "rrf_fuse"]
 
 log = logging.getLogger(__name__)
+
+_ascending = LRU(4096)  # storage URI # superfile path -> whether its rows are in ascending _id order
+
+
+def _is_ascending(ids: np.ndarray) -> bool:
+    return bool(np.all(ids[1:] > ids[:-1]))
+
 
 MAX_K = 10_000
 MAX_PREFIX_TERMS = 64
@@ -324,17 +332,28 @@ class Searcher:
     def _union(self, column: str) -> tuple[UnionIndex, list[SuperfileEntry]] | None:
         """One searcher over every superfile's index of ``column`` (``format/fulltext_union.py``), when it
         ranks exactly like the per-superfile path: no deletion vectors, and every superfile already open
-        (a union would open the pruned ones too). Returns it with its parts' superfiles; None otherwise, or
-        if the union cannot be built."""
+        (a union would open the pruned ones too). Returns it with its parts' superfiles (in ``_id`` order);
+        None otherwise, or if the union cannot be built."""
         entries = self.snap.entries()
         if not entries or any(e.deletes is not None or not self.snap.files.is_open(e) for e in entries):
             return None
+        entries = sorted(entries, key=lambda e: (e.id_min, e.path))  # segment order: _id order where it can be
+        ordered = all(a.id_max < b.id_min for a, b in itertools.pairwise(entries)) and all(
+            self._ascending(e) for e in entries
+        )
         try:
-            union = union_of([self._fulltext(e, column) for e in entries], self.snap.files.cache_dir)
+            union = union_of([self._fulltext(e, column) for e in entries], self.snap.files.cache_dir, ordered=ordered)
         except (OSError, ValueError) as exc:
             log.warning("full-text union of %d superfiles not built, searching them one by one: %s", len(entries), exc)
             return None
         return union, entries
+
+    def _ascending(self, entry: SuperfileEntry) -> bool:
+        """Whether the superfile's rows are in ascending ``_id`` order (appends are; a superfile holding
+        updated rows may not be). Superfiles are immutable: computed once per superfile."""
+        key = f"{self.snap.files.storage.uri}#{entry.path}"
+        ascending, _ = _ascending.get_or_load(key, lambda: _is_ascending(self.snap.files.open(entry).ids()))
+        return ascending
 
     def bm25(self, column: str, terms: list[str], k: int, mode: str, projection: Sequence[str] | None) -> pa.Table:
         terms = list(dict.fromkeys(terms))
