@@ -413,26 +413,34 @@ def test_bm25_union_of_superfiles_ranks_like_the_per_superfile_path(
     assert t.stats()["superfile_count"] == 16
     queries = pq.read_table(CRANFIELD / "queries.parquet").column("text").to_pylist()[:40]
     t.bm25_search("text", "the of and flow", k=1)  # opens every superfile: from now on the union answers
-    asked = [(q, k) for q in queries for k in (10, 100)]
-    union = [t.bm25_search("text", q, k=k, projection=["_id", "score"]) for q, k in asked]
+    asked = [(q, mode, k) for q in queries for mode, k in (("any", 10), ("any", 100), ("all", 5))]
+    union = [t.bm25_search("text", q, k=k, mode=mode, projection=["_id", "score"]) for q, mode, k in asked]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("union-")]  # the union was built and used
     assert union[0].schema.metadata[b"superfile.searched"] != b"0"
-    # Mode "all" ranks the rows holding every term by the same scores.
-    for q in queries:
-        both = t.bm25_search("text", q, k=5, mode="all", projection=["_id", "score"]).to_pydict()
-        anyway = t.bm25_search("text", q, k=1400, projection=["_id", "score"]).to_pydict()
-        score = dict(zip(anyway["_id"], anyway["score"], strict=True))
-        assert all(math.isclose(score[i], s, rel_tol=1e-6) for i, s in zip(both["_id"], both["score"], strict=True))
+
+    def all_mode_scores_as_any() -> bool:
+        """Mode "all" ranks the rows holding every term by the scores mode "any" gives them."""
+        for q in queries:
+            both = t.bm25_search("text", q, k=5, mode="all", projection=["_id", "score"]).to_pydict()
+            anyway = t.bm25_search("text", q, k=1400, projection=["_id", "score"]).to_pydict()
+            score = dict(zip(anyway["_id"], anyway["score"], strict=True))
+            pairs = zip(both["_id"], both["score"], strict=True)
+            if not all(math.isclose(score[i], s, rel_tol=1e-5) for i, s in pairs):
+                return False
+        return True
+
+    assert all_mode_scores_as_any()
     # Appended rows are in _id order across the superfiles: tantivy's tie order is _id order, and the union
     # takes its top k as is. Told otherwise, it fetches the rows tied with the k-th and picks by _id: the same.
     monkeypatch.setattr(search_module, "_ascending", LRU(16))
     monkeypatch.setattr(search_module, "_is_ascending", lambda ids: False)
-    unordered = [t.bm25_search("text", q, k=k, projection=["_id", "score"]) for q, k in asked]
+    unordered = [t.bm25_search("text", q, k=k, mode=mode, projection=["_id", "score"]) for q, mode, k in asked]
     assert all(u.equals(o) for u, o in zip(union, unordered, strict=True))
     monkeypatch.setattr(Searcher, "_union", lambda self, column: None)  # the per-superfile path
-    exact = [t.bm25_search("text", q, k=k, projection=["_id", "score"]) for q, k in asked]
-    assert all(u.num_rows for u in union)
+    exact = [t.bm25_search("text", q, k=k, mode=mode, projection=["_id", "score"]) for q, mode, k in asked]
+    assert all(u.num_rows for u in union[::3])
     assert all(_same_ranking(u, e) for u, e in zip(union, exact, strict=True))
+    assert all_mode_scores_as_any()  # df counted over every superfile holding a term, not only those with all
     monkeypatch.undo()
     t.delete("id = 1")  # a deletion vector: the table goes back to the exact path, and the row is gone
     got = t.bm25_search("text", queries[0], k=1400, projection=["id"]).column("id").to_pylist()

@@ -366,7 +366,9 @@ class Searcher:
             self.searched = len(candidates)  # where the terms can be; the union skips the rest natively
             hits = [_Hits(entries[i], rows, scores) for i, rows, scores in union.top(terms, k, mode)]
             return self._result(hits, k, True, projection)
-        stats = self._corpus_stats(column, terms, candidates)
+        # df counts every superfile holding the term: in mode "all" that is more than those holding them all
+        holders = candidates if mode == "any" else self._term_candidates(column, terms, "any")
+        stats = self._corpus_stats(column, terms, holders)
         if mode == "all" and min(stats.doc_freq.values(), default=0) == 0:
             candidates = []
 
