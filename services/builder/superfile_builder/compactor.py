@@ -7,8 +7,8 @@ files. A superfile is *small* when it holds fewer live rows than half the
 target (the table's ``max_rows_per_superfile`` unless set).
 
 - **Start.** Once some partition holds more than ``small_files`` small
-  superfiles, a compaction starts on the builder's compaction thread, beside
-  the commits: they go on while it runs, so it costs freshness nothing.
+  superfiles, a compaction starts beside the commits: they go on while it
+  runs.
 - **Work per run.** It rewrites the partition's small superfiles, smallest
   first, until their rows reach half the target (``select``), enough for one
   output that is no longer small: one run's work stays under the target rows
@@ -24,7 +24,6 @@ target (the table's ``max_rows_per_superfile`` unless set).
   most one per run holds at least half of it; hence each partition holds at most
   ``rows / (target / 2) + stop_files`` superfiles, plus the small ones a single
   commit adds.
-
 - **Its own process.** A run executes in the builder's compaction process
   (``Compactor``: one worker, spawned on first use, at nice 10), built one
   superfile at a time: it takes one core at most, yields the CPU to the

@@ -20,8 +20,8 @@ After a commit, the publisher thread starts compacting on a third thread
 when the compaction policy says so (``compactor.py``): that thread hands
 runs to the builder's compaction process while the policy asks. Commits go
 on beside it, and wait for it only once the policy's stop count of small
-superfiles is reached. A failed compaction is logged and counted, and changes nothing: the
-policy asks again after the next commit.
+superfiles is reached. A failed compaction is logged and counted, and
+changes nothing: the policy asks again after the next commit.
 
 If the table is dropped, the pipeline stops (releasing the lease); events
 left in the topic are not applied anywhere. The supervisor starts a new
@@ -103,7 +103,7 @@ class TablePipeline(threading.Thread):
         self._next = 0  # next offset to consume
         self._committer = ThreadPoolExecutor(1, thread_name_prefix=f"publisher-{table}")
         self._inflight: Future[None] | None = None
-        self._compactor = ThreadPoolExecutor(1, thread_name_prefix=f"compactor-{table}")
+        self._compaction_thread = ThreadPoolExecutor(1, thread_name_prefix=f"compaction-{table}")
         self._compaction: Future[None] | None = None
         self._footprint_lock = threading.Lock()
         self._footprint_version = -1  # version the superfile gauges were last set from
@@ -128,7 +128,7 @@ class TablePipeline(threading.Thread):
             self.metrics.errors.add(1, {**self.labels, "kind": "pipeline"})
         finally:
             self._committer.shutdown(wait=True)
-            self._compactor.shutdown(wait=True)  # the compaction loop ends after its current run
+            self._compaction_thread.shutdown(wait=True)  # the compaction loop ends after its current run
             self.lease.release()
             self.gauges.lease_held = 0
             if source is not None:
@@ -276,7 +276,7 @@ class TablePipeline(threading.Thread):
             self.metrics.compaction_wait_seconds.record(time.perf_counter() - started, self.labels)
             running = False
         if self.compactor is not None and not running and policy.due(entries, limit) and self.lease.valid():
-            self._compaction = self._compactor.submit(self._compact)
+            self._compaction = self._compaction_thread.submit(self._compact)
 
     def _compact(self) -> None:
         """Compaction thread: bounded runs in the compaction process while the policy asks for them (see
