@@ -330,19 +330,21 @@ class Searcher:
         return CorpusStats(num_docs, total_tokens, dict(zip(terms, df.tolist(), strict=True)))
 
     def _union(self, column: str) -> tuple[UnionIndex, list[SuperfileEntry]] | None:
-        """One searcher over every superfile's index of ``column`` (``format/fulltext_union.py``), when it
-        ranks exactly like the per-superfile path: no deletion vectors, and every superfile already open
-        (a union would open the pruned ones too). Returns it with its parts' superfiles (in ``_id`` order);
-        None otherwise, or if the union cannot be built."""
+        """One searcher over every superfile's index of ``column`` (``format/fulltext_union.py``) for a
+        snapshot without deletion vectors: it ranks like the per-superfile path, and every query of that
+        snapshot takes it, warm or cold, so a query always gets the same float32 scores (the two paths
+        round differently). Returns it with its parts' superfiles (in ``_id`` order); None otherwise, or if
+        the union cannot be built."""
         entries = self.snap.entries()
-        if not entries or any(e.deletes is not None or not self.snap.files.is_open(e) for e in entries):
+        if not entries or any(e.deletes is not None for e in entries):
             return None
         entries = sorted(entries, key=lambda e: (e.id_min, e.path))  # segment order: _id order where it can be
         ordered = all(a.id_max < b.id_min for a, b in itertools.pairwise(entries)) and all(
             self._ascending(e) for e in entries
         )
         try:
-            union = union_of([self._fulltext(e, column) for e in entries], self.snap.files.cache_dir, ordered=ordered)
+            parts = self.snap.map(lambda e: self._fulltext(e, column), entries)  # cold ones open in parallel
+            union = union_of(parts, self.snap.files.cache_dir, ordered=ordered)
         except (OSError, ValueError) as exc:
             log.warning("full-text union of %d superfiles not built, searching them one by one: %s", len(entries), exc)
             return None
