@@ -467,3 +467,19 @@ def test_bm25_modes_prefix_deletes_and_errors(cran_table: superfile.Supertable) 
         cran_table.bm25_search("text", "x", k=0)
     with pytest.raises(InvalidOptionError):
         cran_table.bm25_search("text", "x", mode="most")
+
+
+def test_bm25_union_directories_are_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every commit makes a new union; only the newest few directories stay, and searches keep working."""
+    from superfile.format import fulltext_union
+
+    monkeypatch.setattr(fulltext_union, "_KEEP_DIRS", 2)
+    db = superfile.connect(f"memory://prune-{os.urandom(6).hex()}", cache_dir=str(tmp_path))
+    t = db.create_table("d", pa.schema([("id", pa.int64()), ("text", pa.string())]), fts_columns=["text"])
+    first = None
+    for i in range(5):
+        t.append([{"id": i, "text": f"shared words and token{i}"}])
+        assert t.bm25_search("text", "shared", k=10).num_rows == i + 1
+        first = first or t.checkout(t.version)
+        assert len([p for p in tmp_path.iterdir() if p.name.startswith("union-")]) <= 2
+    assert first is not None and first.bm25_search("text", "token0", k=5, projection=["id"])["id"].to_pylist() == [0]

@@ -16,7 +16,10 @@ superfile with one query.
 
 Unions are keyed by their parts' directories (each named after a superfile's
 content), built once per process under the cache directory (atomically, like
-an extraction) and reused by later snapshots with the same superfiles.
+an extraction) and reused by later snapshots with the same superfiles. Every
+commit makes a new set of superfiles, so building a union also removes the
+oldest union directories beyond the newest ``_KEEP_DIRS`` (links only: an
+index already open keeps its memory-mapped segment files).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from superfile.format.fulltext import ROW_FIELD, TEXT_FIELD, FullTextIndex, anal
 __all__ = ["UnionIndex", "union_of"]
 
 _TIE_EXTRA = 16  # hits fetched past k, so rows tied with the k-th are all seen (ties break by _id later)
+_KEEP_DIRS = 64  # union directories kept under a cache directory
 _unions = LRU(16)
 
 
@@ -101,7 +105,19 @@ def _open(parts: Sequence[FullTextIndex], path: str, ordered: bool) -> UnionInde
     part_of = [i for i, meta in enumerate(metas) for _ in meta["segments"]]
     if not os.path.isdir(path):
         _link(parts, metas, path)
+        _prune(os.path.dirname(path))
     return UnionIndex(tantivy.Index.open(path), part_of, parts[0].tokenizer, ordered)
+
+
+def _prune(cache_dir: str) -> None:
+    """Remove all but the newest ``_KEEP_DIRS`` union directories (by modification time)."""
+    unions = []
+    for entry in os.scandir(cache_dir):
+        if entry.name.startswith("union-") and ".tmp-" not in entry.name:
+            with contextlib.suppress(FileNotFoundError):
+                unions.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
+    for _, old in sorted(unions, reverse=True)[_KEEP_DIRS:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _link(parts: Sequence[FullTextIndex], metas: list[dict], path: str) -> None:
