@@ -103,6 +103,8 @@ def _open(parts: Sequence[FullTextIndex], path: str, ordered: bool) -> UnionInde
         with open(os.path.join(part.directory, "meta.json"), "rb") as fh:
             metas.append(json.load(fh))
     part_of = [i for i, meta in enumerate(metas) for _ in meta["segments"]]
+    # A part built in several segments has them in meta.json order, which need not be row order.
+    ordered = ordered and all(len(meta["segments"]) <= 1 for meta in metas)
     if not os.path.isdir(path):
         _link(parts, metas, path)
         _prune(os.path.dirname(path))
