@@ -14,9 +14,10 @@ return them, so the caller uses a union only for a snapshot without deletion
 vectors. It replaces 9-10 tantivy calls and the numpy bookkeeping per
 superfile with one query.
 
-Unions are keyed by their parts' directories (each named after a superfile's
-content), built once per process under the cache directory (atomically, like
-an extraction) and reused by later snapshots with the same superfiles. Every
+A union's directory is named after its parts' directories (each named after
+a superfile's content), built once under the cache directory (atomically,
+like an extraction) and reused by every process; the caller keeps the opened
+union for as long as its snapshot is queried. Every
 commit makes a new set of superfiles, so building a union also removes the
 oldest union directories beyond the newest ``_KEEP_DIRS`` (links only: an
 index already open keeps its memory-mapped segment files).
@@ -35,14 +36,12 @@ from collections.abc import Sequence
 import numpy as np
 import tantivy
 
-from superfile._lru import LRU
 from superfile.format.fulltext import ROW_FIELD, TEXT_FIELD, FullTextIndex, analyzer_name, make_analyzer
 
 __all__ = ["UnionIndex", "union_of"]
 
 _TIE_EXTRA = 16  # hits fetched past k, so rows tied with the k-th are all seen (ties break by _id later)
 _KEEP_DIRS = 64  # union directories kept under a cache directory
-_unions = LRU(16)
 
 
 class UnionIndex:
@@ -84,19 +83,14 @@ class UnionIndex:
 
 
 def union_of(parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool) -> UnionIndex:
-    """The union of these indexes (same column, same tokenizer, in this order), built under ``cache_dir`` or
-    reused; ``ordered`` as in :class:`UnionIndex`. Raises OSError or ValueError when a part's files are not
-    where they were extracted."""
+    """The union of these indexes (same column, same tokenizer, in this order), its directory built under
+    ``cache_dir`` unless there already; ``ordered`` as in :class:`UnionIndex`. Raises OSError or ValueError
+    when a part's files are not where they were extracted."""
     directories = [p.directory for p in parts]
     if any(d is None for d in directories):
         raise ValueError("a part has no directory")
     key = hashlib.sha1("\n".join(d for d in directories if d).encode()).hexdigest()[:20]
     path = os.path.join(cache_dir, f"union-{key}")
-    union, _ = _unions.get_or_load(f"{key}:{ordered}", lambda: _open(parts, path, ordered))
-    return union
-
-
-def _open(parts: Sequence[FullTextIndex], path: str, ordered: bool) -> UnionIndex:
     metas = []
     for part in parts:
         assert part.directory is not None

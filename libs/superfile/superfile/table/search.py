@@ -48,6 +48,7 @@ __all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "rr
 log = logging.getLogger(__name__)
 
 _ascending = LRU(4096)  # storage URI # superfile path -> whether its rows are in ascending _id order
+_unions = LRU(16)  # storage URI # manifest path # column -> (BM25 union, its superfiles in _id order)
 
 
 def _is_ascending(ids: np.ndarray) -> bool:
@@ -333,22 +334,26 @@ class Searcher:
         """One searcher over every superfile's index of ``column`` (``format/fulltext_union.py``) for a
         snapshot without deletion vectors: it ranks like the per-superfile path, and every query of that
         snapshot takes it, warm or cold, so a query always gets the same float32 scores (the two paths
-        round differently). Returns it with its parts' superfiles (in ``_id`` order); None otherwise, or if
-        the union cannot be built."""
+        round differently). Returns it with its parts' superfiles (in ``_id`` order), built once per
+        snapshot; None otherwise, or if the union cannot be built."""
         entries = self.snap.entries()
         if not entries or any(e.deletes is not None for e in entries):
             return None
+        key = f"{self.snap.files.storage.uri}#{self.snap.path}#{column}"
+        try:
+            united, _ = _unions.get_or_load(key, lambda: self._build_union(column, entries))
+        except (OSError, ValueError) as exc:
+            log.warning("full-text union of %d superfiles not built, searching them one by one: %s", len(entries), exc)
+            return None
+        return united
+
+    def _build_union(self, column: str, entries: list[SuperfileEntry]) -> tuple[UnionIndex, list[SuperfileEntry]]:
         entries = sorted(entries, key=lambda e: (e.id_min, e.path))  # segment order: _id order where it can be
         ordered = all(a.id_max < b.id_min for a, b in itertools.pairwise(entries)) and all(
             self._ascending(e) for e in entries
         )
-        try:
-            parts = self.snap.map(lambda e: self._fulltext(e, column), entries)  # cold ones open in parallel
-            union = union_of(parts, self.snap.files.cache_dir, ordered=ordered)
-        except (OSError, ValueError) as exc:
-            log.warning("full-text union of %d superfiles not built, searching them one by one: %s", len(entries), exc)
-            return None
-        return union, entries
+        parts = self.snap.each(lambda e: self._fulltext(e, column), entries)  # cold ones open in parallel
+        return union_of(parts, self.snap.files.cache_dir, ordered=ordered), entries
 
     def _ascending(self, entry: SuperfileEntry) -> bool:
         """Whether the superfile's rows are in ascending ``_id`` order (appends are; a superfile holding
