@@ -248,6 +248,53 @@ def test_vector_bad_input(cran_table: superfile.Supertable) -> None:
         cran_table.vector_search("embedding", good, projection=["nope"])
 
 
+@pytest.mark.parametrize("metric", ["cosine", "l2", "dot"])
+def test_vector_search_over_superfiles_with_and_without_deletes(metric: str) -> None:
+    """Superfiles without deleted rows are searched as one IVF union, the others one by one: probing every
+    list, both together are exact over the live rows, and deleted rows never come back."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3_000, 16)).astype(np.float32)
+    t = fresh("vunion").create_table(
+        "t",
+        pa.schema([("n", pa.int64()), ("v", pa.list_(pa.float32(), 16))]),
+        vector_columns={"v": {"dim": 16, "metric": metric}},
+    )
+    for a in range(0, 3_000, 500):
+        t.append(
+            pa.table({"n": np.arange(a, a + 500), "v": pa.FixedSizeListArray.from_arrays(x[a : a + 500].ravel(), 16)})
+        )
+    t.delete("n >= 1000 AND n < 1500 AND n % 3 = 0")  # one superfile of six gets a deletion vector
+    live = np.array([n for n in range(3_000) if not (1000 <= n < 1500 and n % 3 == 0)])
+    united = Searcher(t._current())._vector_union("v")
+    assert united is not None and len(united[1]) == 5
+    for q in rng.standard_normal((5, 16)).astype(np.float32):
+        got = t.vector_search("v", q, k=20, nprobe=10_000, rerank=3_000, projection=["n", "score"])
+        if metric == "cosine":
+            d = 1 - x[live] @ q / np.linalg.norm(x[live], axis=1) / np.linalg.norm(q)
+        else:
+            d = ((x[live] - q) ** 2).sum(axis=1) if metric == "l2" else 1 - x[live] @ q
+        assert np.allclose(got.column("score").to_numpy(), np.sort(d)[:20], atol=1e-4)
+        assert set(got.column("n").to_pylist()) <= set(live.tolist())
+
+
+def test_vector_search_prunes_superfiles_far_from_the_query() -> None:
+    """Each superfile holds one tight cluster far from the others: the query's own cluster answers, and the
+    centroid-radius bound rules out every other superfile after the first wave."""
+    rng = np.random.default_rng(12)
+    centers = rng.standard_normal((8, 16)).astype(np.float32) * 100
+    t = fresh("vprune").create_table(
+        "t", pa.schema([("c", pa.int64()), ("v", pa.list_(pa.float32(), 16))]), vector_columns={"v": {"dim": 16}}
+    )
+    for c, center in enumerate(centers):
+        v = center + rng.standard_normal((200, 16)).astype(np.float32)
+        t.append(pa.table({"c": np.full(200, c), "v": pa.FixedSizeListArray.from_arrays(v.ravel(), 16)}))
+    got = t.vector_search("v", centers[5], k=10, projection=["c"])
+    assert got.column("c").to_pylist() == [5] * 10
+    meta = got.schema.metadata
+    assert int(meta[b"superfile.superfiles"]) == 8
+    assert int(meta[b"superfile.searched"]) == 2 and int(meta[b"superfile.pruned"]) == 6
+
+
 # -- token and exact match -------------------------------------------------------------------------
 def test_pruning_searches_only_the_superfile_holding_the_term() -> None:
     t = fresh("prune").create_table("t", pa.schema([("body", pa.string())]), fts_columns=["body"])

@@ -37,7 +37,7 @@ from superfile.errors import (
     VectorDimensionError,
 )
 
-__all__ = ["KINDS", "METRICS", "VectorIndex", "VectorIndexParams", "build_vector_index"]
+__all__ = ["KINDS", "METRICS", "IvfLists", "VectorIndex", "VectorIndexParams", "build_vector_index"]
 
 METRICS: Final = ("cosine", "l2", "dot")
 KINDS: Final = ("ivf", "hnsw")
@@ -116,6 +116,24 @@ def build_vector_index(vectors: npt.ArrayLike, metric: str, params: VectorIndexP
     return _pack(header, [(b"SUMM", centroid), *sections])
 
 
+@dataclass(frozen=True)
+class IvfLists:
+    """Views of an IVF index's sections: list centroids with their scoring bias (``bias - 2 c.q`` orders lists
+    by distance to q), list ``offsets`` into the list-ordered ``codes`` (int8, per-dimension ``scale``),
+    ``vectors`` and ``norms``, the row offset of each position (``row_ids``) and the search defaults."""
+
+    centroids: _Floats
+    bias: _Floats
+    offsets: _Ints
+    scale: _Floats
+    codes: npt.NDArray[np.int8]
+    vectors: _Floats
+    norms: _Floats
+    row_ids: npt.NDArray[np.uint32]
+    nprobe: int
+    rerank: int
+
+
 class VectorIndex:
     """A read-only view over one index blob; searches never copy the stored sections."""
 
@@ -191,7 +209,7 @@ class VectorIndex:
         ``nprobe`` (IVF lists to scan at least) is ignored by HNSW; ``rerank`` is the
         number of candidates rescored exactly (for HNSW also the search breadth).
         """
-        q = self._query(query)
+        q = self.prepare_query(query)
         k, nprobe, rerank = self._knobs(k, nprobe, rerank)
         return self._search(q, k, nprobe, rerank, self._filter(allow))
 
@@ -216,7 +234,7 @@ class VectorIndex:
         rows = np.full((len(qs), k), -1, dtype=np.int64)
         dists = np.full((len(qs), k), np.inf, dtype=np.float32)
         for i, query in enumerate(qs):
-            r, d = self._search(self._query(query), k, nprobe, rerank, flt)
+            r, d = self._search(self.prepare_query(query), k, nprobe, rerank, flt)
             rows[i, : len(r)] = r
             dists[i, : len(d)] = d
         return rows, dists
@@ -228,6 +246,25 @@ class VectorIndex:
             raise IndexError(f"row offsets must be in [0, {self.num_rows}), got {r.min()}..{r.max()}")
         pos = self._row_pos[r] if self.kind == "ivf" else r
         return self._vecs[pos]
+
+    @cached_property
+    def ivf_lists(self) -> IvfLists | None:
+        """The IVF sections (None for HNSW), for searching many superfiles' lists at once (``vector_union``)."""
+        if self.kind != "ivf":
+            return None
+        h = self._h
+        return IvfLists(
+            self._lists,
+            self._bias,
+            self._offsets,
+            self._scale,
+            self._codes,
+            self._vecs,
+            self._norms,
+            self._row_ids,
+            h.nprobe,
+            h.rerank,
+        )
 
     def centroid_radius(self) -> tuple[_Floats, float]:
         """Manifest summary: a centroid and an upper bound on any row's distance from it.
@@ -247,7 +284,8 @@ class VectorIndex:
         _check_positive("rerank", rerank, optional=True)
         return int(k), int(nprobe or self._h.nprobe), int(rerank or self._h.rerank)
 
-    def _query(self, query: npt.ArrayLike) -> _Floats:
+    def prepare_query(self, query: npt.ArrayLike) -> _Floats:
+        """The query in the index's space (unit length under cosine); a typed error if it cannot be searched."""
         q = _float_array(query, "query")
         if q.ndim == 2 and q.shape[0] == 1:
             q = q[0]

@@ -1,0 +1,101 @@
+"""One IVF search over many superfiles' vector indexes: exact when exhaustive, as good as per-file otherwise."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from superfile.format.vector_index import METRICS, VectorIndex, VectorIndexParams, build_vector_index
+from superfile.format.vector_union import VectorUnion
+from test_vector_index import clustered, exact
+
+
+def index(x: np.ndarray, metric: str, **params: int | str) -> VectorIndex:
+    return VectorIndex.from_buffer(build_vector_index(x, metric, VectorIndexParams(**params)))
+
+
+def flat(hits: list[tuple[int, np.ndarray, np.ndarray]], base: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Hits as rows of the parts' concatenation, nearest first, and their distances."""
+    rows = [base[p] + r for p, r, _ in hits]
+    dist = [d for _, _, d in hits]
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    r, d = np.concatenate(rows), np.concatenate(dist)
+    order = np.lexsort((r, d))
+    return r[order], d[order]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    sizes=st.lists(st.integers(1, 60), min_size=1, max_size=4),
+    dim=st.integers(1, 9),
+    metric=st.sampled_from(METRICS),
+    k=st.integers(1, 12),
+)
+def test_exhaustive_union_is_exact(seed, sizes, dim, metric, k) -> None:
+    """Probing every list of every part and reranking every row is exact search over all parts."""
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal((n, dim)).astype(np.float32) for n in sizes]
+    q = rng.standard_normal(dim).astype(np.float32)
+    union = VectorUnion([index(x, metric, nlist=max(1, len(x) // 8)) for x in xs])
+    hits = union.top(q, k, range(len(xs)), nprobe=60, rerank=sum(sizes))
+    rows, dist = flat(hits, np.concatenate(([0], np.cumsum(sizes)))[:-1].tolist())
+    _, want = exact(np.concatenate(xs), q, metric, k)
+    assert len(rows) == min(k, sum(sizes))
+    assert np.allclose(dist, want, atol=1e-4)
+    _, own = exact(np.concatenate(xs), q, metric, k, rows)  # each hit carries its own exact distance
+    assert np.allclose(np.sort(own), dist, atol=1e-4)
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_default_knobs_rank_like_the_indexes_one_by_one(metric) -> None:
+    """Parts of different sizes (so different default nprobe): recall against exact search is high and no
+    worse than searching each index on its own and merging."""
+    data = clustered(16_000, 32, seed=3)
+    queries = clustered(40, 32, seed=4)
+    bounds = [0, 6_000, 10_000, 13_000, 16_000]
+    parts = [index(data[a:b], metric) for a, b in itertools.pairwise(bounds)]
+    assert len({p.default_nprobe for p in parts}) > 1
+    union = VectorUnion(parts)
+    got_union = got_each = 0
+    for q in queries:
+        want = set(exact(data, q, metric, 10)[0].tolist())
+        got_union += len(want & set(flat(union.top(q, 10, range(4)), bounds).__getitem__(0).tolist()))
+        each = [(p, *parts[p].search(q, 10)) for p in range(4)]
+        got_each += len(want & set(flat(each, bounds)[0][:10].tolist()))
+    assert got_union / (10 * len(queries)) >= 0.95
+    assert got_union >= got_each - 2
+
+
+def test_only_the_named_parts_are_searched() -> None:
+    xs = [clustered(500, 8, seed=s) for s in range(3)]
+    union = VectorUnion([index(x, "l2") for x in xs])
+    q = xs[1][7]
+    hits = union.top(q, 5, [0, 2])
+    assert {p for p, _, _ in hits} <= {0, 2}
+    assert sum(len(r) for _, r, _ in hits) == 5
+    assert union.top(q, 5, []) == []
+    (p, rows, dist), *_ = union.top(q, 1, [1])
+    assert (p, rows.tolist(), float(dist[0])) == (1, [7], 0.0)
+
+
+def test_short_lists_widen_the_probe() -> None:
+    """k beyond the rows of the nprobe nearest lists: probing goes on until k rows were seen."""
+    x = clustered(400, 8, seed=9)
+    union = VectorUnion([index(x, "cosine", nlist=50), index(x[:30], "cosine", nlist=10)])
+    hits = union.top(x[0], 80, [0, 1], nprobe=1)
+    assert sum(len(r) for p, r, _ in hits if p == 0) + sum(len(r) for p, r, _ in hits if p == 1) == 80
+
+
+def test_rejects_what_it_cannot_search() -> None:
+    x = clustered(300, 8)
+    with pytest.raises(ValueError, match="IVF"):
+        VectorUnion([index(x, "l2"), index(x, "l2", kind="hnsw")])
+    with pytest.raises(ValueError, match="one dimension and metric"):
+        VectorUnion([index(x, "l2"), index(x, "cosine")])
+    with pytest.raises(ValueError):
+        VectorUnion([])
