@@ -22,6 +22,7 @@ from superfile.errors import (
     UnknownColumnError,
     VectorDimensionError,
 )
+from superfile.expressions import parse_predicate
 from superfile.format.fulltext import make_analyzer
 from superfile.table import search as search_module
 from superfile.table.search import Searcher
@@ -308,6 +309,30 @@ def test_pruning_searches_only_the_superfile_holding_the_term() -> None:
     assert int(t.token_match("body", "common").schema.metadata[b"superfile.searched"]) == 13
     exact = t.exact_match("body", "common zyxwvut appears only here")
     assert exact.num_rows == 1 and int(exact.schema.metadata[b"superfile.searched"]) == 1
+
+
+def test_equality_on_a_full_text_column_prunes_by_term_blooms() -> None:
+    """``column = 'text'`` and ``IN`` on a full-text column keep only the superfiles whose term bloom filters
+    hold every term of a value; a leaf that cannot prune (another column under OR) keeps them all. Results are the same either way."""
+    db = fresh("eqprune")
+    t = db.create_table("t", pa.schema([("body", pa.string()), ("n", pa.int64())]), fts_columns=["body"])
+    for i in range(12):
+        t.append({"body": [f"common words shard{i} row{j}" for j in range(20)], "n": list(range(i * 20, i * 20 + 20))})
+    snap = t._current()
+
+    def kept(where: str) -> int:
+        return len(snap.entries(parse_predicate(where, snap.schema)))
+
+    one, other = "common words shard3 row7", "common words shard5 row1"
+    assert kept(f"body = '{one}'") == 1
+    assert kept(f"body IN ('{one}', '{other}')") == 2
+    assert kept(f"body = '{one}' AND n >= 0") == 1
+    assert kept(f"body = '{one}' OR n > 5") == 12
+    assert kept(f"body = '{one} zzz'") == 0  # inside the min/max range, but no superfile holds 'zzz'
+    assert t.to_arrow(columns=["n"], where=f"body = '{one}'").column("n").to_pylist() == [67]
+    got = db.sql(f"SELECT n FROM t WHERE body IN ('{one}', '{other}') ORDER BY n")
+    assert got.column("n").to_pylist() == [67, 101]
+    assert t.count_rows(f"body = '{one}' OR n > 5") == 234
 
 
 WORDS = ["apple", "apples", "banana", "cherry", "the", "a", "Über", "naïve", "x-ray", "co-op", "42"]

@@ -10,6 +10,8 @@ re-checks the exact predicate on the candidate rows only.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import pyroaring
 
 from superfile.expressions import Predicate
@@ -27,9 +29,13 @@ from superfile.expressions.nodes import (
     ScalarPlan,
 )
 from superfile.format import SuperfileReader
+from superfile.format.fulltext import make_analyzer
 from superfile.format.layout import idx_section
+from superfile.manifest.model import SuperfileEntry
 
-__all__ = ["candidate_rows"]
+__all__ = ["candidate_rows", "text_pruner"]
+
+EntryCheck = Callable[[SuperfileEntry], bool]
 
 _OPS = {"=", "!=", "<", "<=", ">", ">="}
 _RANGE_OPS = {"<", "<=", ">", ">="}
@@ -126,3 +132,40 @@ def _lookup(reader: SuperfileReader, fts: set[str], column: str | None, op: str,
                 rows |= index.match_exact(v)
         return rows, False  # a hash match: the raw text still decides
     return None
+
+
+def text_pruner(predicate: Predicate, fts_columns: Mapping[str, str]) -> EntryCheck | None:
+    """Whether a superfile may hold a row matching ``predicate``, from its full-text columns' term bloom filters
+    (manifest only, conservative): ``column = 'text'`` needs every term of the text in the superfile, ``IN``
+    every term of one of its values; AND and OR combine, anything else may match. None when nothing prunes."""
+    return _text_check(predicate.root, fts_columns)
+
+
+def _text_check(node: Node, fts: Mapping[str, str]) -> EntryCheck | None:
+    if isinstance(node, And | Or):
+        left, right = _text_check(node.left, fts), _text_check(node.right, fts)
+        if isinstance(node, Or):
+            return None if left is None or right is None else (lambda e: left(e) or right(e))
+        if left is None or right is None:
+            return left or right
+        return lambda e: left(e) and right(e)
+    column, values = None, []
+    if isinstance(node, Compare) and isinstance(node.plan, ScalarPlan) and node.plan.op == "=":
+        column, values = _column(node.plan.subject), [node.plan.scalar.as_py()]
+    elif isinstance(node, InList) and isinstance(node.plan, InPlan):
+        column, values = _column(node.plan.subject), node.plan.value_set.to_pylist()
+    if column is None or column not in fts or not values or not all(isinstance(v, str) for v in values):
+        return None
+    name: str = column
+    analyzer = make_analyzer(fts[name])
+    terms = [list(dict.fromkeys(analyzer.analyze(v))) for v in values]
+    if not all(terms):  # a value without terms (empty, punctuation) says nothing about a superfile's terms
+        return None
+
+    def check(entry: SuperfileEntry) -> bool:
+        summary = entry.text.get(name)
+        if summary is None or summary.bloom is None:
+            return True
+        return any(bool(summary.bloom.might_contain_many(t).all()) for t in terms)
+
+    return check

@@ -20,7 +20,7 @@ from superfile.manifest.model import ManifestList, PartRef, SuperfileEntry
 from superfile.manifest.store import ManifestStore
 from superfile.pools import query_pool, query_threads
 from superfile.schema import ID
-from superfile.table.index_filter import candidate_rows
+from superfile.table.index_filter import candidate_rows, text_pruner
 
 __all__ = ["INDEXED_FRACTION", "Snapshot", "TableFiles", "offsets_of"]
 
@@ -127,8 +127,13 @@ class Snapshot:
     def entries(self, where: Predicate | None = None) -> list[SuperfileEntry]:
         """Superfile entries the predicate may match: whole parts are pruned first, loading only the rest."""
         out: list[SuperfileEntry] = []
+        text = text_pruner(where, self.manifest.options.fts_columns) if where is not None else None
         for part_entries in self.map(lambda p: self.files.manifests.load_part(p, self.schema), self.parts(where)):
-            out.extend(e for e in part_entries if e.live_rows and (where is None or where.might_match(e.stats)))
+            out.extend(
+                e
+                for e in part_entries
+                if e.live_rows and (where is None or (where.might_match(e.stats) and (text is None or text(e))))
+            )
         return out
 
     def deleted(self, entry: SuperfileEntry) -> pyroaring.AbstractBitMap:
