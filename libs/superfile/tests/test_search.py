@@ -313,7 +313,8 @@ def test_pruning_searches_only_the_superfile_holding_the_term() -> None:
 
 def test_equality_on_a_full_text_column_prunes_by_term_blooms() -> None:
     """``column = 'text'`` and ``IN`` on a full-text column keep only the superfiles whose term bloom filters
-    hold every term of a value; a leaf that cannot prune (another column under OR) keeps them all. Results are the same either way."""
+    hold every term of a value; a leaf that cannot prune (another column under OR) keeps them all. Results
+    are the same either way."""
     db = fresh("eqprune")
     t = db.create_table("t", pa.schema([("body", pa.string()), ("n", pa.int64())]), fts_columns=["body"])
     for i in range(12):

@@ -103,6 +103,8 @@ class VectorUnion:
         if k <= 0 or not len(chosen):
             return []
         probes = self._probes(q, chosen, k, nprobe)
+        if not len(probes):  # parts without rows
+            return []
         with _Searching() as alone:
             keys, runs = self._first_pass(q, probes, pool if alone else None)
         want = max(rerank or int(self._rerank_default[chosen].max()), k)
@@ -156,7 +158,7 @@ class VectorUnion:
         q8, qscale = self._quantized(q, np.unique(run_part))
         packed = {p: nk.dots_pack(code) for p, code in q8.items()}
         out = nk.empty((int(at[-1]), 1), dtype="int32")
-        runs = list(zip(run_part.tolist(), lo.tolist(), length.tolist(), at.tolist(), strict=False))
+        runs = list(zip(run_part.tolist(), lo.tolist(), length.tolist(), at[:-1].tolist(), strict=True))
 
         def scan(some: list[tuple[int, int, int, int]]) -> None:
             for p, a, n, o in some:

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 _ascending = LRU(4096)  # storage URI # superfile path -> whether its rows are in ascending _id order
 _unions = LRU(16)  # storage URI # manifest path # column -> (BM25 union, its superfiles in _id order)
-_vector_unions = LRU(16)  # storage URI # manifest path # column -> (vector union, its superfiles by path)
+_vector_unions = LRU(16)  # storage URI # manifest path # column -> (vector union, its superfiles in part order)
 
 
 def _is_ascending(ids: np.ndarray) -> bool:
