@@ -37,7 +37,16 @@ from superfile.errors import (
     VectorDimensionError,
 )
 
-__all__ = ["KINDS", "METRICS", "IvfLists", "VectorIndex", "VectorIndexParams", "build_vector_index"]
+__all__ = [
+    "KINDS",
+    "METRICS",
+    "IvfLists",
+    "VectorIndex",
+    "VectorIndexParams",
+    "build_vector_index",
+    "exact_distances",
+    "quantize_query",
+]
 
 METRICS: Final = ("cosine", "l2", "dot")
 KINDS: Final = ("ivf", "hnsw")
@@ -353,13 +362,7 @@ class VectorIndex:
             chunk = pos[s : s + _GATHER_CHUNK]
             # fancy indexing, not np.take(out=): a blob inside a superfile file need not be 4-byte
             # aligned, and take on an unaligned float32 view is ~1000x slower (1.7 ms for 40 rows)
-            v = self._vecs[chunk]
-            if self.metric == "l2":
-                v -= q
-                dist[s : s + len(chunk)] = np.einsum("ij,ij->i", v, v)
-            else:
-                dots = v @ q
-                dist[s : s + len(chunk)] = 1.0 - (dots / self._norms[chunk] if self.metric == "cosine" else dots)
+            dist[s : s + len(chunk)] = exact_distances(self._vecs[chunk], q, self._norms[chunk], self.metric)
         rows = self._row_ids[pos].astype(np.int64) if self.kind == "ivf" else pos
         keep = _smallest(dist, k)
         order = keep[np.lexsort((rows[keep], dist[keep]))]
@@ -372,11 +375,8 @@ class VectorIndex:
 
     def _quantized_query(self, q: _Floats) -> tuple[npt.NDArray[np.int8], float]:
         """Fold the per-dimension code scales into the query and quantize it to int8."""
-        w = q * self._scale
-        peak = float(np.abs(w).max())
-        qscale = peak / 127.0 if peak > 0 else 1.0
-        q8 = np.rint(w / np.float32(qscale)).astype(np.int8)
-        return q8.reshape(1, -1), qscale
+        q8, step = quantize_query(q, self._scale[None])
+        return q8, float(step[0])
 
     def _ivf_search(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
         offsets = self._offsets
@@ -477,6 +477,24 @@ class _Filter:
         """Allowed rows in each IVF list."""
         seen = np.concatenate(([0], np.cumsum(self.mask, dtype=np.int64)))
         return seen[offsets[1:]] - seen[offsets[:-1]]
+
+
+def quantize_query(q: _Floats, scales: _Floats) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float64]]:
+    """q with each row of per-dimension code ``scales`` (m, dim) folded in, quantized to int8 (m, dim), and each
+    row's step: the factor from a dot product with the codes back to q.x."""
+    w = q * scales
+    peak = np.abs(w).max(axis=1).astype(np.float64)
+    step = np.where(peak > 0, peak / 127.0, 1.0)
+    return np.rint(w / step.astype(np.float32)[:, None]).astype(np.int8), step
+
+
+def exact_distances(v: _Floats, q: _Floats, norms: _Floats, metric: str) -> _Floats:
+    """Distances under ``metric`` from q to the rows ``v`` (a gathered copy: l2 overwrites it) of norms ``norms``."""
+    if metric == "l2":
+        v -= q
+        return np.einsum("ij,ij->i", v, v)
+    dots = v @ q
+    return 1.0 - (dots / norms if metric == "cosine" else dots)
 
 
 def _smallest(keys: npt.NDArray[Any], count: int) -> _Ints:

@@ -38,7 +38,7 @@ import numkong as nk
 import numpy as np
 import numpy.typing as npt
 
-from superfile.format.vector_index import IvfLists, VectorIndex
+from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances, quantize_query
 
 __all__ = ["VectorUnion"]
 
@@ -155,8 +155,11 @@ class VectorUnion:
         run_part, lo = part[first], start[first]
         length = start[last] + size[last] - lo
         at = np.concatenate(([0], np.cumsum(length)))
-        q8, qscale = self._quantized(q, np.unique(run_part))
-        packed = {p: nk.dots_pack(code) for p, code in q8.items()}
+        scanned = np.unique(run_part)
+        q8, step = quantize_query(q, self._scale[scanned])
+        packed = {p: nk.dots_pack(q8[i : i + 1]) for i, p in enumerate(scanned.tolist())}
+        qscale = np.zeros(len(self._lists), np.float64)
+        qscale[scanned] = step
         out = nk.empty((int(at[-1]), 1), dtype="int32")
         runs = list(zip(run_part.tolist(), lo.tolist(), length.tolist(), at[:-1].tolist(), strict=True))
 
@@ -173,16 +176,6 @@ class VectorUnion:
             return self._norms2[self._base[row_part] + pos] - 2.0 * dots, located
         return -dots, located
 
-    def _quantized(self, q: _Floats, parts: _Ints) -> tuple[dict[int, npt.NDArray[np.int8]], npt.NDArray[np.float64]]:
-        """Per part, the query with the part's code scales folded in, as int8, and the factor back to q.x."""
-        w = q * self._scale[parts]
-        peak = np.abs(w).max(axis=1)
-        step = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
-        codes = np.rint(w / step[:, None]).astype(np.int8)
-        qscale = np.zeros(len(self._lists), np.float64)
-        qscale[parts] = step
-        return {p: codes[i : i + 1] for i, p in enumerate(parts.tolist())}, qscale
-
     def _rerank(self, q: _Floats, part: _Ints, pos: _Ints, k: int) -> list[tuple[int, _Ints, _Floats]]:
         """Exact distances of the candidates (gathered part by part), then the k nearest: by (distance, part,
         row)."""
@@ -195,12 +188,7 @@ class VectorUnion:
             v[a:b] = x.vectors[at]  # fancy indexing: see VectorIndex._rerank on unaligned views
             norms[a:b] = x.norms[at]
             rows[a:b] = x.row_ids[at]
-        if self.metric == "l2":
-            v -= q
-            dist = np.einsum("ij,ij->i", v, v)
-        else:
-            dots = v @ q
-            dist = 1.0 - (dots / norms if self.metric == "cosine" else dots)
+        dist = exact_distances(v, q, norms, self.metric)
         keep = np.argpartition(dist, k - 1)[:k] if len(dist) > k else np.arange(len(dist))
         keep = keep[np.lexsort((rows[keep], part[keep], dist[keep]))]
         return [(p, rows[keep[part[keep] == p]], dist[keep[part[keep] == p]]) for p in np.unique(part[keep]).tolist()]

@@ -93,6 +93,14 @@ class TextSummary:
     min_term: str | None
     max_term: str | None
 
+    def may_hold(self, terms: list[str], *, every: bool) -> bool:
+        """Whether the superfile may hold every one of ``terms`` (``every``) or one of them; only the bloom
+        filter can say no, so a summary without one says yes."""
+        if self.bloom is None:
+            return True
+        present = self.bloom.might_contain_many(terms)
+        return bool(present.all() if every else present.any())
+
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"min": self.min_term, "max": self.max_term}
         if self.bloom is not None:

@@ -164,8 +164,6 @@ def _text_check(node: Node, fts: Mapping[str, str]) -> EntryCheck | None:
 
     def check(entry: SuperfileEntry) -> bool:
         summary = entry.text.get(name)
-        if summary is None or summary.bloom is None:
-            return True
-        return any(bool(summary.bloom.might_contain_many(t).all()) for t in terms)
+        return summary is None or any(summary.may_hold(t, every=True) for t in terms)
 
     return check

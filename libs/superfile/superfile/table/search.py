@@ -275,16 +275,8 @@ class Searcher:
     # -- full-text -----------------------------------------------------------------
     def _term_candidates(self, column: str, terms: list[str], mode: str) -> list[SuperfileEntry]:
         """Superfiles whose bloom filters say they may hold the terms (all of them for mode "all")."""
-        keep = []
-        for e in self._entries():
-            summary = e.text.get(column)
-            if summary is None or summary.bloom is None:
-                keep.append(e)
-                continue
-            present = summary.bloom.might_contain_many(terms)
-            if present.all() if mode == "all" else present.any():
-                keep.append(e)
-        return keep
+        every = mode == "all"
+        return [e for e in self._entries() if column not in e.text or e.text[column].may_hold(terms, every=every)]
 
     def _deleted(self, entry: SuperfileEntry, column: str) -> _DeletedText:
         """The deleted rows' analysed lengths and terms (cached per superfile; see _DeletedTextCache)."""
