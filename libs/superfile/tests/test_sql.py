@@ -219,6 +219,52 @@ def test_pushdown_of_simple_filters(world: World) -> None:
     assert projected.needed_columns(projected.snapshot("items")) == ["id", "qty"]
 
 
+COUNTS = [
+    "SELECT count(*) FROM items",
+    "SELECT COUNT(*) FROM items WHERE cat = 'c1'",
+    "SELECT count(*) AS n FROM items WHERE cat <> 'c2'",
+    'SELECT count(*) AS "N" FROM items WHERE NOT (price < 30)',
+    "SELECT count(*) FROM items WHERE price IS NULL OR qty > 40",
+    "SELECT count(*) FROM items WHERE qty BETWEEN 5 AND 9 AND cat NOT IN ('c1', 'c3')",
+    "SELECT count(*) FROM items WHERE id >= 100 AND name = 'rust compiler'",
+    "SELECT count(*) FROM items WHERE cat = 'nope'",
+]
+
+
+@pytest.mark.parametrize("query", COUNTS)
+def test_plain_counts_are_counted_by_the_snapshot(world: World, query: str) -> None:
+    """A count(*) whose WHERE is pushed whole is answered without DataFusion, with DataFusion's column name
+    and type, and the same number as DataFusion over the table's rows (and DuckDB over the same rows)."""
+    s = SqlSession(world.conn, query)
+    got = s.run()
+    assert s.counted == "items"
+    where = query.split(" WHERE ", 1)[1] if " WHERE " in query else "TRUE"
+    projection = query.split(" FROM ")[0]
+    want = world.conn.sql(f"{projection} FROM (SELECT * FROM items) AS t WHERE {where}")  # no shortcut
+    assert got.schema == want.schema and got.to_pylist() == want.to_pylist()
+    assert _rows(got) == _rows(world.duck().sql(query).to_arrow_table())
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT count(*) FROM items GROUP BY cat",
+        "SELECT count(DISTINCT cat) FROM items",
+        "SELECT count(*) FROM items WHERE name LIKE '%rust%'",
+        "SELECT count(*) FROM items WHERE id % 2 = 0",
+        "SELECT count(*) FROM items LIMIT 0",
+        "SELECT count(*), count(cat) FROM items",
+        "SELECT count(*) FROM items i JOIN shops s ON i.cat = s.cat",
+        "SELECT count(*) FROM ITEMS WHERE cat = 'c1'",
+    ],
+)
+def test_other_counts_run_in_datafusion(world: World, query: str) -> None:
+    s = SqlSession(world.conn, query)
+    got = s.run()
+    assert s.counted is None
+    assert _rows(got) == _rows(world.duck().sql(query).to_arrow_table())
+
+
 def test_one_snapshot_per_table_per_query(world: World) -> None:
     s = SqlSession(world.conn, "SELECT 1")
     assert s.snapshot("items") is s.snapshot("items")

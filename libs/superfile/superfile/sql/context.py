@@ -97,6 +97,7 @@ class SqlSession:
         self._lock = threading.Lock()
         self.error: SuperfileError | None = None  # the first error a table function raised
         self.pushed: dict[str, str] = {}  # table -> predicate text pushed into its scan (for tests and docs)
+        self.counted: str | None = None  # the table a plain count(*) was answered from without DataFusion
         config = SessionConfig().with_information_schema(False).with_target_partitions(4)
         self.ctx = SessionContext(config)
         for name, fn in FUNCTIONS.items():
@@ -165,10 +166,11 @@ class SqlSession:
         return call
 
     # -- tables -----------------------------------------------------------------------
-    def _pushdown(self, name: str, snap: Snapshot) -> Predicate | None:
+    def _pushdown(self, name: str, snap: Snapshot) -> tuple[Predicate | None, bool]:
+        """The scan predicate for ``name`` from its pushable WHERE conjuncts, and whether it holds all of them."""
         texts = self.hints.pushdown.get(name)
         if not texts:
-            return None
+            return None, False
 
         def pushable(text: str) -> Predicate | None:
             try:
@@ -180,20 +182,43 @@ class SqlSession:
 
         joined = " AND ".join(f"({t})" for t in texts)
         pred = pushable(joined)  # the usual case, every conjunct pushable: one parse
+        complete = pred is not None
         if pred is None:
             kept = [f"({t})" for t in texts if pushable(t) is not None]
             if not kept:
-                return None
+                return None, False
             joined = " AND ".join(kept)
             pred = parse_predicate(joined, snap.schema)
         self.pushed[name] = joined
-        return pred
+        return pred, complete
+
+    def count(self) -> pa.Table | None:
+        """The answer of a plain ``SELECT count(*) FROM t [WHERE ...]`` whose WHERE was pushed whole, counted
+        by the snapshot (from its indexes where they answer the predicate, else from the predicate's columns
+        alone) without DataFusion; ``None`` when the query is not one or its table is not found here."""
+        if self.hints.count is None:
+            return None
+        table, column = self.hints.count
+        try:
+            name = self._resolve(table)
+        except TableNotFoundError:
+            return None  # DataFusion reports it in its own words
+        filtered = table in self.hints.pushdown  # the analysis keyed the WHERE by the name as written
+        if filtered and name != table:
+            return None
+        snap = self.snapshot(name)
+        where, complete = self._pushdown(name, snap)
+        if filtered and not complete:
+            return None
+        self.counted = name
+        field = pa.field(column, pa.int64(), nullable=False)
+        return pa.table([pa.array([snap.count(where)], pa.int64())], schema=pa.schema([field]))
 
     def register_tables(self) -> None:
         for name in self.scanned_tables():
             snap = self.snapshot(name)
             cols = self.needed_columns(snap) or [ID]  # count(*) and friends still need the row count
-            where = self._pushdown(name, snap)
+            where, _ = self._pushdown(name, snap)
             pinned = pinned_values(where, snap.schema)
             parts = scan(snap, [c for c in cols if c not in pinned] or [ID], where)
             if pinned:
@@ -223,6 +248,9 @@ class SqlSession:
     # -- run --------------------------------------------------------------------------
     def run(self) -> pa.Table:
         try:
+            counted = self.count()
+            if counted is not None:
+                return counted
             self.register_tables()
             df = self.ctx.sql_with_options(self.query, _options())
             return df.to_arrow_table()

@@ -33,6 +33,7 @@ class QueryHints:
         None  # names in FROM / JOIN positions but CTEs', as written and lower-cased (None: unparsed)
     )
     pushdown: dict[str, list[str]] = field(default_factory=dict)  # table name -> WHERE conjuncts (SQL text)
+    count: tuple[str, str] | None = None  # (table, result column) of ``SELECT count(*) FROM table [WHERE pushed]``
 
     def mentions_table(self, name: str) -> bool:
         """Whether the query may scan table ``name`` (table functions load their tables on their own)."""
@@ -134,6 +135,37 @@ def _find_pushdown(tree: exp.Expression, hints: QueryHints) -> None:
             hints.pushdown[t.name] = pushed
 
 
+_NOT_A_PLAIN_COUNT = ("joins", "group", "having", "order", "limit", "offset", "distinct", "qualify", "with_", "with")
+
+
+def _find_count(tree: exp.Expression, hints: QueryHints) -> None:
+    """``SELECT count(*) [AS n] FROM t [WHERE ...]`` with every conjunct of its WHERE pushed into ``t``'s scan:
+    the answer is the number of rows the scan keeps, so it can be counted (from the indexes where they
+    answer the predicate) without decoding a row."""
+    if not isinstance(tree, exp.Select) or any(tree.args.get(k) for k in _NOT_A_PLAIN_COUNT):
+        return
+    if len(tree.expressions) != 1:
+        return
+    projection = tree.expressions[0]
+    counted = projection.this if isinstance(projection, exp.Alias) else projection
+    if not (isinstance(counted, exp.Count) and isinstance(counted.this, exp.Star)):
+        return
+    from_ = tree.args.get("from_") or tree.args.get("from")
+    table = from_.this if from_ is not None else None
+    if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
+        return
+    if table.args.get("db") or table.args.get("catalog"):
+        return
+    where = tree.args.get("where")
+    if where is not None and len(hints.pushdown.get(table.name, ())) != len(_conjuncts(where.this)):
+        return
+    column = "count(*)"
+    if isinstance(projection, exp.Alias):
+        alias = projection.args["alias"]
+        column = alias.name if alias.quoted else alias.name.lower()  # DataFusion folds unquoted names
+    hints.count = (table.name, column)
+
+
 def analyze(query: str) -> QueryHints:
     """Hints for ``query``; an unparsable query gets the fully conservative hints."""
     hints = QueryHints(words={w for w in re.findall(r"[A-Za-z0-9_\-]+", query)})
@@ -151,6 +183,8 @@ def analyze(query: str) -> QueryHints:
         hints.identifiers.add(ident.name.lower())
     try:
         _find_pushdown(tree, hints)
+        _find_count(tree, hints)
     except Exception:
         hints.pushdown.clear()
+        hints.count = None
     return hints
