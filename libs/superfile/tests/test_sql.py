@@ -219,6 +219,27 @@ def test_pushdown_of_simple_filters(world: World) -> None:
     assert projected.needed_columns(projected.snapshot("items")) == ["id", "qty"]
 
 
+@pytest.mark.parametrize(
+    "where",
+    [
+        "cat IS NOT NULL AND price IS NULL",
+        "NOT (price < 30) OR price IS NULL",
+        "qty NOT BETWEEN 5 AND 9 AND cat NOT IN ('c1', 'c3')",
+        "name <> 'rust compiler' AND -qty < -3",
+        "(cat = 'c1' OR cat = 'c4') AND id >= 17",
+    ],
+)
+def test_pushed_conjuncts_mean_what_the_predicate_text_means(world: World, where: str) -> None:
+    """The pushdown types the query's own parse of the WHERE (no second parse of printed SQL); it must select
+    exactly the rows ``parse_predicate`` selects for the same text."""
+    s = SqlSession(world.conn, f"SELECT id FROM items WHERE {where}")
+    snap = s.snapshot("items")
+    pushed, complete = s._pushdown("items", snap)
+    assert pushed is not None and complete
+    rows = snap.scan(SCALAR_ITEMS)
+    assert pushed.evaluate(rows) == parse_predicate(where, snap.schema).evaluate(rows)
+
+
 COUNTS = [
     "SELECT count(*) FROM items",
     "SELECT COUNT(*) FROM items WHERE cat = 'c1'",

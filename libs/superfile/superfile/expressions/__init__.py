@@ -13,14 +13,15 @@ from collections.abc import Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from sqlglot import exp
 
 from ..errors import InvalidPredicateError
 from .evaluate import ExpressionBackend, compile_node, evaluate_mask
 from .nodes import Node, iter_columns, to_sql
-from .parser import parse
+from .parser import parse, parse_conjuncts
 from .prune import ColumnStats, might_match, stats_from_table
 
-__all__ = ["ColumnStats", "Predicate", "parse_predicate", "stats_from_table"]
+__all__ = ["ColumnStats", "Predicate", "parse_predicate", "predicate_of_conjuncts", "stats_from_table"]
 
 
 class Predicate:
@@ -72,3 +73,9 @@ def parse_predicate(where: str, schema: pa.Schema) -> Predicate:
     InvalidPredicateError for anything else that is wrong or unsupported.
     """
     return Predicate(parse(where, schema))
+
+
+def predicate_of_conjuncts(conjuncts: list[exp.Expression], schema: pa.Schema) -> Predicate:
+    """The AND of ``WHERE`` conjuncts a SQL query's parse already holds, type-checked like
+    :func:`parse_predicate` (same errors), without printing and parsing them again."""
+    return Predicate(parse_conjuncts(conjuncts, schema))

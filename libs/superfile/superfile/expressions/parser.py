@@ -10,6 +10,7 @@ is computed (see the plans in :mod:`.nodes`).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import operator
 from collections.abc import Callable
@@ -58,7 +59,7 @@ from .nodes import (
     to_sql,
 )
 
-__all__ = ["parse"]
+__all__ = ["parse", "parse_conjuncts"]
 
 _DIALECT = Dialect.get_or_raise("duckdb")
 _CONTEXT = Context(prec=400)  # wide enough that folding and decimal casts never round
@@ -131,9 +132,25 @@ def parse(where: str, schema: pa.Schema) -> Node:
         tree = trees[0]
         if not isinstance(tree, exp.Expression):
             raise InvalidPredicateError(f"cannot parse predicate {where!r}: not an expression")
-        root = _Converter(schema).convert(tree)
     except (ParseError, TokenError) as e:
         raise InvalidPredicateError(f"cannot parse predicate {where!r}: {_parse_error_text(e)}") from None
+    except RecursionError:
+        raise InvalidPredicateError("the predicate is nested too deeply") from None
+    return parse_conjuncts([tree], schema)
+
+
+def parse_conjuncts(trees: list[exp.Expression], schema: pa.Schema) -> Node:
+    """Type-check the AND of sqlglot trees already parsed (a SQL query's ``WHERE`` conjuncts), without
+    rendering them to text and parsing them again."""
+    if not trees:
+        raise InvalidPredicateError("the predicate is empty")
+    try:
+        converter = _Converter(schema)
+        if len(trees) == 1:
+            root = converter.convert(trees[0])
+        else:
+            nodes = [converter._boolean(tree, "AND") for tree in trees]
+            root = functools.reduce(And, nodes)
     except RecursionError:
         raise InvalidPredicateError("the predicate is nested too deeply") from None
     if root.kind not in (Kind.BOOL, Kind.NULL):
@@ -625,7 +642,8 @@ class _Converter:
                 raise InvalidPredicateError(
                     f"{e.sql(dialect='duckdb')}: only IS NULL / IS NOT NULL are supported (compare with = instead)"
                 )
-            return IsNull(self.convert(e.this))
+            is_null = IsNull(self.convert(e.this))
+            return Not(is_null) if e.args.get("negate") else is_null  # IS NOT NULL as some dialects parse it
         if isinstance(e, exp.Like | exp.ILike):
             return self._like(e, None)
         if isinstance(e, exp.Escape) and isinstance(e.this, exp.Like | exp.ILike):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from datafusion import SessionConfig, SessionContext, SQLOptions, udtf
+from sqlglot import exp
 
 from superfile.errors import (
     InvalidPredicateError,
@@ -23,7 +24,7 @@ from superfile.errors import (
     SuperfileError,
     TableNotFoundError,
 )
-from superfile.expressions import Predicate, parse_predicate
+from superfile.expressions import Predicate, predicate_of_conjuncts
 from superfile.expressions.nodes import And, Column, Compare, ScalarPlan
 from superfile.schema import ID
 from superfile.sql.functions import FUNCTIONS, TableFunctionError
@@ -168,28 +169,26 @@ class SqlSession:
     # -- tables -----------------------------------------------------------------------
     def _pushdown(self, name: str, snap: Snapshot) -> tuple[Predicate | None, bool]:
         """The scan predicate for ``name`` from its pushable WHERE conjuncts, and whether it holds all of them."""
-        texts = self.hints.pushdown.get(name)
-        if not texts:
+        conjuncts = self.hints.pushdown.get(name)
+        if not conjuncts:
             return None, False
 
-        def pushable(text: str) -> Predicate | None:
+        def pushable(trees: list[exp.Expression]) -> Predicate | None:
             try:
-                pred = parse_predicate(text, snap.schema)
+                pred = predicate_of_conjuncts(trees, snap.schema)
             except (InvalidPredicateError, SuperfileError):
                 return None
             fields = [snap.schema.field(c) for c in pred.columns]
             return pred if all(any(ok(f.type) for ok in _PUSHABLE_TYPES) for f in fields) else None
 
-        joined = " AND ".join(f"({t})" for t in texts)
-        pred = pushable(joined)  # the usual case, every conjunct pushable: one parse
+        pred = pushable(conjuncts)  # the usual case, every conjunct pushable
         complete = pred is not None
         if pred is None:
-            kept = [f"({t})" for t in texts if pushable(t) is not None]
+            kept = [c for c in conjuncts if pushable([c]) is not None]
             if not kept:
                 return None, False
-            joined = " AND ".join(kept)
-            pred = parse_predicate(joined, snap.schema)
-        self.pushed[name] = joined
+            pred = predicate_of_conjuncts(kept, snap.schema)
+        self.pushed[name] = str(pred)
         return pred, complete
 
     def count(self) -> pa.Table | None:

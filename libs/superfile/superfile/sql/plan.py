@@ -32,7 +32,7 @@ class QueryHints:
     tables: set[str] | None = (
         None  # names in FROM / JOIN positions but CTEs', as written and lower-cased (None: unparsed)
     )
-    pushdown: dict[str, list[str]] = field(default_factory=dict)  # table name -> WHERE conjuncts (SQL text)
+    pushdown: dict[str, list[exp.Expression]] = field(default_factory=dict)  # table name -> its WHERE conjuncts
     count: tuple[str, str] | None = None  # (table, result column) of ``SELECT count(*) FROM table [WHERE pushed]``
 
     def mentions_table(self, name: str) -> bool:
@@ -125,9 +125,7 @@ def _find_pushdown(tree: exp.Expression, hints: QueryHints) -> None:
         qualifiers = {t.name, t.alias_or_name}
         pushed = [
             # qualifiers are dropped: the predicate is evaluated over this table alone
-            c.transform(lambda n: exp.column(n.name, quoted=True) if isinstance(n, exp.Column) else n).sql(
-                dialect="postgres"
-            )
+            c.transform(lambda n: exp.column(n.name, quoted=True) if isinstance(n, exp.Column) else n)
             for c in _conjuncts(where.this)
             if _pushable(c, qualifiers)
         ]
