@@ -104,7 +104,7 @@ class SuperfileSpec:
     vector_columns: Mapping[str, VectorColumnSpec] = field(default_factory=dict)
     scalar_indexes: Mapping[str, str] = field(default_factory=dict)  # column -> "bitmap" | "sorted"
     compression: str = "zstd"
-    row_group_size: int = 16384  # at most this many rows per row group ...
+    row_group_size: int = 8192  # at most this many rows per row group ...
     row_group_bytes: int = 4 << 20  # ... and about this much Arrow data (reading one row decodes its group)
 
 
