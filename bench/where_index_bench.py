@@ -3,8 +3,9 @@
     .venv/bin/python bench/where_index_bench.py --rows 1000000 --repeat 15
 
 Two tables over the same rows: ``indexed`` (``title`` full-text, ``label``
-with its default bitmap index) and ``plain`` (``title`` a plain string column,
-every scalar index off). Each query runs through SQL and through
+and ``batch`` with their default bitmap indexes) and ``plain`` (``title`` a
+plain string column, every scalar index off). ``label`` spreads each value over
+every row group; ``batch`` keeps each value in consecutive rows. Each query runs through SQL and through
 ``to_arrow(where=...)``; medians over ``--repeat`` runs after a warm-up.
 """
 
@@ -35,7 +36,8 @@ def rows(n: int) -> pa.Table:
     return pa.table(
         {
             "doc_id": pa.array(np.arange(n), pa.int64()),
-            "label": pa.array([f"c{i % 1000}" for i in range(n)]),
+            "label": pa.array([f"c{i % 1000}" for i in range(n)]),  # each value spread over every row group
+            "batch": pa.array([f"b{i // 1000}" for i in range(n)]),  # each value in 1,000 consecutive rows
             "title": titles,
         }
     )
@@ -63,7 +65,7 @@ def main() -> None:
     plain = db.create_table(
         "plain",
         data.schema,
-        scalar_indexes={"doc_id": "none", "label": "none", "title": "none"},
+        scalar_indexes={"doc_id": "none", "label": "none", "batch": "none", "title": "none"},
         max_rows_per_superfile=62_500,
     )
     for t in (indexed, plain):
@@ -71,6 +73,7 @@ def main() -> None:
     title = data.column("title")[args.rows // 2].as_py().replace("'", "''")
     cases = {
         "bitmap column: label = 'c17' (0.1%)": "label = 'c17'",
+        "bitmap column, clustered: batch = 'b517' (0.1%)": "batch = 'b517'",
         "full-text column: title = <one title>": f"title = '{title}'",
     }
     results: dict[str, dict[str, float]] = {}

@@ -138,8 +138,8 @@ _NOT_A_PLAIN_COUNT = ("joins", "group", "having", "order", "limit", "offset", "d
 
 def _find_count(tree: exp.Expression, hints: QueryHints) -> None:
     """``SELECT count(*) [AS n] FROM t [WHERE ...]`` with every conjunct of its WHERE pushed into ``t``'s scan:
-    the answer is the number of rows the scan keeps, so it can be counted (from the indexes where they
-    answer the predicate) without decoding a row."""
+    the answer is the number of rows the scan keeps, so the snapshot counts them (from the indexes alone where
+    they answer the predicate) and no row goes to DataFusion."""
     if not isinstance(tree, exp.Select) or any(tree.args.get(k) for k in _NOT_A_PLAIN_COUNT):
         return
     if len(tree.expressions) != 1:
