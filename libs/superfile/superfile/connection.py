@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import threading
 import uuid
@@ -20,12 +21,13 @@ from superfile.errors import (
     TableNotFoundError,
 )
 from superfile.io import Storage, from_uri
+from superfile.io.cache import DEFAULT_BUDGET_BYTES, DiskCache
 from superfile.manifest.model import HistoryEntry, ManifestList, Pointer, now_ms
 from superfile.manifest.store import POINTER
 from superfile.options import PartitionSpec, TableOptions, VectorColumn
 from superfile.schema import table_schema, to_arrow_table
 from superfile.table import Supertable
-from superfile.table.snapshot import Snapshot, TableFiles
+from superfile.table.snapshot import Snapshot, TableFiles, default_cache_dir
 
 __all__ = ["Connection", "connect"]
 
@@ -76,12 +78,27 @@ class Connection:
     """Creates, opens, lists and drops the tables stored below one URI."""
 
     def __init__(
-        self, uri: str, *, verify_checksums: bool = True, cache_dir: str | None = None, **storage_options: Any
+        self,
+        uri: str,
+        *,
+        verify_checksums: bool = True,
+        cache_dir: str | None = None,
+        cache_budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        **storage_options: Any,
     ):
+        """``cache_dir``: where full-text indexes are extracted and, on remote storage, superfiles are cached
+        (``cache_budget_bytes`` of them; 0 reads each superfile into memory instead)."""
         self.uri = uri
+        if isinstance(cache_budget_bytes, bool) or not isinstance(cache_budget_bytes, int) or cache_budget_bytes < 0:
+            raise InvalidOptionError(f"cache_budget_bytes must be an integer >= 0, got {cache_budget_bytes!r}")
         self._storage: Storage = from_uri(uri, **storage_options)
         self._verify = verify_checksums
-        self._cache_dir = cache_dir
+        self._cache_dir = cache_dir or default_cache_dir()
+        self._disk_cache = (
+            DiskCache(os.path.join(self._cache_dir, "superfiles"), cache_budget_bytes)
+            if self._storage.remote and cache_budget_bytes
+            else None
+        )
         self._files: dict[str, TableFiles] = {}
         self._lock = threading.Lock()
 
@@ -89,7 +106,12 @@ class Connection:
         with self._lock:
             files = self._files.get(name)
             if files is None:
-                files = TableFiles(self._storage.child(name), verify=self._verify, cache_dir=self._cache_dir)
+                files = TableFiles(
+                    self._storage.child(name),
+                    verify=self._verify,
+                    cache_dir=self._cache_dir,
+                    disk_cache=self._disk_cache,
+                )
                 self._files[name] = files
             return files
 

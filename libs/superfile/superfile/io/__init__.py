@@ -34,6 +34,7 @@ class Storage(Protocol):
     """What the table layer needs from a storage backend."""
 
     uri: str
+    remote: bool  # whether reads cross a network (then the disk cache keeps local copies of superfiles)
 
     def read(self, path: str) -> bytes: ...
 

@@ -51,6 +51,8 @@ def _sync_dir(directory: str) -> None:
 class LocalStorage:
     """Objects as files under ``root``; etags are the hex MD5 of the content."""
 
+    remote = False
+
     def __init__(self, root: str, *, fsync: bool | str = True) -> None:
         """``fsync=False`` skips the durability syncs (scratch data, benchmarks on tmpfs)."""
         self._root = os.path.abspath(root)

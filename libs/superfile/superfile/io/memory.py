@@ -46,6 +46,8 @@ _WRITES = itertools.count(1)
 class MemoryStorage:
     """Objects held in a dict shared by every handle on the same store name."""
 
+    remote = False
+
     def __init__(self, name: str) -> None:
         store, _, root = name.strip("/").partition("/")
         if not store:

@@ -92,6 +92,8 @@ def _is_transient(err: ClientError) -> bool:
 class S3Storage:
     """Objects under ``s3://bucket/prefix``; etags are S3's, quotes included."""
 
+    remote = True
+
     def __init__(
         self,
         bucket: str,

@@ -186,6 +186,8 @@ class Supertable:
             "manifest_parts": len(m.parts),
             "manifest_parts_fetched": self._files.manifests.parts_fetched,
             "resident_memory_bytes": _rss_bytes(),
+            "cache_budget_bytes": self._files.disk_cache.budget_bytes if self._files.disk_cache else 0,
+            **{f"cache_{k}": v for k, v in self._files.cache_residency(snap.entries()).items()},
         }
 
     def versions(self) -> list[dict[str, Any]]:

@@ -13,19 +13,27 @@ import pyarrow as pa
 import pyroaring
 
 from superfile._lru import LRU
+from superfile.errors import CorruptSuperfileError
 from superfile.expressions import Predicate
 from superfile.format import SuperfileReader
 from superfile.io import Storage
+from superfile.io.cache import DiskCache
 from superfile.manifest.model import ManifestList, PartRef, SuperfileEntry
 from superfile.manifest.store import ManifestStore
 from superfile.pools import query_pool, query_threads
 from superfile.schema import ID
 from superfile.table.index_filter import candidate_rows, text_pruner
 
-__all__ = ["INDEXED_FRACTION", "Snapshot", "TableFiles", "offsets_of"]
+__all__ = ["INDEXED_FRACTION", "Snapshot", "TableFiles", "default_cache_dir", "offsets_of"]
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+def default_cache_dir() -> str:
+    """Where extracted full-text indexes and cached superfiles go unless ``connect(cache_dir=...)`` says."""
+    return os.path.join(tempfile.gettempdir(), "superfile-cache")
+
 
 INDEXED_FRACTION = 0.1  # read only a superfile's index candidates when they are at most this share of its rows
 
@@ -52,17 +60,23 @@ def _read_columns(reader: SuperfileReader, names: list[str], rows: np.ndarray | 
 class TableFiles:
     """One table's storage, manifest store and open-superfile cache, shared by all its snapshots."""
 
-    def __init__(self, storage: Storage, *, verify: bool = True, cache_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        verify: bool = True,
+        cache_dir: str | None = None,
+        disk_cache: DiskCache | None = None,
+    ) -> None:
         self.storage = storage
         self.manifests = ManifestStore(storage)
         self.verify = verify
-        self.cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "superfile-cache")
+        self.cache_dir = cache_dir or default_cache_dir()
+        self.disk_cache = disk_cache  # local copies of remote superfiles (None: each is read into memory)
         self._readers = LRU(256)
 
     def open(self, entry: SuperfileEntry) -> SuperfileReader:
-        def load() -> SuperfileReader:
-            local = self.storage.local_path(entry.path)
-            source: str | bytes = local if local is not None else self.storage.read(entry.path)
+        def opened(source: str | bytes) -> SuperfileReader:
             return SuperfileReader.open(
                 source,
                 name=f"{self.storage.uri.rstrip('/')}/{entry.path}",
@@ -71,8 +85,28 @@ class TableFiles:
                 expected_footer_crc32=entry.footer_crc32,
             )
 
-        reader, _ = self._readers.get_or_load(entry.path, load)
+        def load() -> SuperfileReader:
+            local = self.storage.local_path(entry.path)
+            if local is not None:
+                return opened(local)
+            if self.disk_cache is None:
+                return opened(self.storage.read(entry.path))
+            try:
+                return opened(self.disk_cache.fetch(self.storage, entry.path, entry.size))
+            except CorruptSuperfileError:  # a damaged local copy: fetch it once more (the object may be fine)
+                self.disk_cache.discard(self.storage, entry.path)
+                return opened(self.disk_cache.fetch(self.storage, entry.path, entry.size))
+
+        reader, loaded = self._readers.get_or_load(entry.path, load)
+        if not loaded and self.disk_cache is not None:
+            self.disk_cache.touch(self.storage, entry.path)
         return reader
+
+    def cache_residency(self, entries: Sequence[SuperfileEntry]) -> dict[str, int]:
+        """How many of ``entries`` (and how many of their bytes) have a copy in the disk cache."""
+        cache = self.disk_cache
+        resident = [e for e in entries if cache is not None and cache.resident(self.storage, e.path)]
+        return {"resident_superfiles": len(resident), "resident_bytes": sum(e.size for e in resident)}
 
     def is_open(self, entry: SuperfileEntry) -> bool:
         return entry.path in self._readers
