@@ -80,9 +80,7 @@ def test_budget_keeps_the_most_recently_used_copies(s3_table: tuple[str, pa.Tabl
     assert table.bm25_search("text", "row", k=5).num_rows == 5
 
 
-def test_a_copy_removed_under_an_open_reader_costs_a_fetch_only(
-    s3_table: tuple[str, pa.Table], tmp_path: Path
-) -> None:
+def test_a_copy_removed_under_an_open_reader_costs_a_fetch_only(s3_table: tuple[str, pa.Table], tmp_path: Path) -> None:
     uri, rows = s3_table
     conn = superfile.connect(uri, cache_dir=str(tmp_path), cache_budget_bytes=1)  # every fetch evicts the rest
     table = conn.open_table("t")
@@ -124,9 +122,7 @@ def test_concurrent_opens_fetch_once(s3_table: tuple[str, pa.Table], tmp_path: P
     assert Path(paths[0]).read_bytes() == storage.read(key)
 
 
-def test_local_and_memory_tables_and_a_zero_budget_use_no_cache(
-    s3_table: tuple[str, pa.Table], tmp_path: Path
-) -> None:
+def test_local_and_memory_tables_and_a_zero_budget_use_no_cache(s3_table: tuple[str, pa.Table], tmp_path: Path) -> None:
     uri, rows = s3_table
     off = superfile.connect(uri, cache_dir=str(tmp_path), cache_budget_bytes=0)
     assert off.open_table("t").to_arrow(["id", "text"]).sort_by("id") == rows
