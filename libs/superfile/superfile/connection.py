@@ -84,10 +84,12 @@ class Connection:
         verify_checksums: bool = True,
         cache_dir: str | None = None,
         cache_budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        cache_memory_bytes: int | None = None,
         **storage_options: Any,
     ):
         """``cache_dir``: where full-text indexes are extracted and, on remote storage, superfiles are cached
-        (``cache_budget_bytes`` of them; 0 reads each superfile into memory instead)."""
+        (``cache_budget_bytes`` of them on disk, 0 to read each superfile into memory instead;
+        ``cache_memory_bytes`` of their mappings resident, unbounded by default). See docs/storage.md."""
         self.uri = uri
         if isinstance(cache_budget_bytes, bool) or not isinstance(cache_budget_bytes, int) or cache_budget_bytes < 0:
             raise InvalidOptionError(f"cache_budget_bytes must be an integer >= 0, got {cache_budget_bytes!r}")
@@ -95,7 +97,7 @@ class Connection:
         self._verify = verify_checksums
         self._cache_dir = cache_dir or default_cache_dir()
         self._disk_cache = (
-            DiskCache(os.path.join(self._cache_dir, "superfiles"), cache_budget_bytes)
+            DiskCache(os.path.join(self._cache_dir, "superfiles"), cache_budget_bytes, cache_memory_bytes)
             if self._storage.remote and cache_budget_bytes
             else None
         )

@@ -147,3 +147,41 @@ def test_stale_partial_downloads_are_swept(tmp_path: Path) -> None:
     cache.evict()
     assert not stale.exists() and recent.exists()
     assert cache.usage() == (0, 0)
+
+
+def _rss_of(path: Path) -> int:
+    """Resident bytes of this process's mappings of ``path`` (Linux /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if not line[:1].isupper():  # a mapping's header line ("start-end perms offset dev inode path")
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_memory_budget_advises_the_coldest_mappings_out(s3_table: tuple[str, pa.Table], tmp_path: Path) -> None:
+    uri, rows = s3_table
+    sizes = [e.size for e in superfile.connect(uri, cache_budget_bytes=0).open_table("t")._snapshot.entries()]
+    budget = max(sizes) * 2 + min(sizes) // 2  # two mappings resident, not three
+    conn = superfile.connect(uri, cache_dir=str(tmp_path), cache_memory_bytes=budget)
+    table = conn.open_table("t")
+    cache = conn._disk_cache
+    assert cache is not None and cache.memory_budget_bytes == budget
+    entries = sorted(table._snapshot.entries(), key=lambda e: e.id_min)
+    for entry in entries:  # each open checks every byte (verify), so its whole mapping is resident
+        table._files.open(entry)
+    copies = [Path(cache.path(table._files.storage, e.path)) for e in entries]
+    resident = [_rss_of(p) for p in copies]
+    assert resident[0] == 0 and resident[1] == 0, resident  # the two least recently used: advised out
+    assert resident[2] > 0 and resident[3] > 0, resident
+    assert cache.advised == 2 and cache.mapped_bytes() <= budget
+    # their files stayed on disk: using them again faults the pages back in, with no download
+    assert table.to_arrow(["id", "text"]).sort_by("id") == rows
+    assert cache.fetches == 4 and cache.mapped_bytes() <= budget
+    assert sum(_rss_of(p) for p in copies) <= budget + 4 * 4096 * 16  # within a few pages of readahead
+
+
+def test_invalid_memory_budget_is_a_typed_error(s3_endpoint: str, s3_bucket: str) -> None:
+    with pytest.raises(InvalidOptionError):
+        superfile.connect(_s3_uri(s3_endpoint, s3_bucket), cache_memory_bytes=0)

@@ -11,18 +11,29 @@ whole copy or none. The directory is bounded by a byte budget: after each fetch 
 copies (by modification time, which every use refreshes) are removed until the rest fit. Removing a copy
 that a reader still has mapped is safe: the mapping keeps its pages until the reader is gone, so eviction
 only ever costs a fetch.
+
+An optional memory budget bounds the mapped working set instead of the on-disk set: when the copies mapped
+by this process's readers add up to more than it, the least recently used mappings are advised out of
+memory (``madvise(MADV_DONTNEED)``). Their files stay on disk, so their pages fault back in on the next
+use without a download. A mapping counts whole (an upper bound of its resident pages) from its last use
+until it is advised out.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 import posixpath
 import re
 import threading
 import time
 import uuid
+import weakref
+from dataclasses import dataclass
+
+import pyarrow as pa
 
 from superfile.errors import InvalidOptionError
 from superfile.io import Storage
@@ -38,19 +49,38 @@ _TOUCH_EVERY = 10.0  # seconds: how stale a copy's recorded last use may get
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-class DiskCache:
-    """Copies of remote objects under ``directory``, at most ``budget_bytes`` of them. Thread-safe."""
+@dataclass
+class _Mapping:
+    path: str
+    ref: weakref.ref[mmap.mmap]  # gone with the last reader using it
+    size: int
+    last_use: float
+    advised: bool = False  # advised out of memory since its last use
 
-    def __init__(self, directory: str, budget_bytes: int) -> None:
-        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
-            raise InvalidOptionError(f"cache_budget_bytes must be a positive integer, got {budget_bytes!r}")
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+class DiskCache:
+    """Copies of remote objects under ``directory``, at most ``budget_bytes`` of them, and this process's
+    mappings of them, at most ``memory_budget_bytes`` resident (None: no bound). Thread-safe."""
+
+    def __init__(self, directory: str, budget_bytes: int, memory_budget_bytes: int | None = None) -> None:
+        self.budget_bytes = _positive("cache_budget_bytes", budget_bytes)
+        self.memory_budget_bytes = (
+            None if memory_budget_bytes is None else _positive("cache_memory_bytes", memory_budget_bytes)
+        )
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
-        self.budget_bytes = budget_bytes
         self.fetches = 0  # objects this process downloaded (a cold open); hits do not count
+        self.advised = 0  # mappings advised out of memory to keep within the memory budget
         self._guard = threading.Lock()
         self._fetching: dict[str, threading.Lock] = {}
         self._touched: dict[str, float] = {}
+        self._mapped: list[_Mapping] = []
 
     def path(self, storage: Storage, key: str) -> str:
         """Where the copy of ``key`` in ``storage`` lives (whether or not it is there)."""
@@ -128,9 +158,55 @@ class DiskCache:
                     sizes.append(entry.stat().st_size)
         return len(sizes), sum(sizes)
 
+    def map(self, local: str) -> pa.Buffer:
+        """The copy at ``local`` memory-mapped, its mapping counted against the memory budget."""
+        with open(local, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if self.memory_budget_bytes is not None:
+            with self._guard:
+                self._mapped.append(_Mapping(local, weakref.ref(mapped), len(mapped), time.monotonic()))
+            self._bound_memory(keep=local)
+        return pa.py_buffer(mapped)
+
+    def mapped_bytes(self) -> int:
+        """Bytes of this process's live mappings not advised out since their last use (0 without a budget)."""
+        with self._guard:
+            return sum(m.size for m in self._mapped if not m.advised and m.ref() is not None)
+
     def touch(self, storage: Storage, key: str) -> None:
-        """Record a use of ``key``'s copy (an open reader's query), so eviction takes colder copies first."""
-        self._use(self.path(storage, key))
+        """Record a use of ``key``'s copy (an open reader's query): eviction from disk and from memory takes
+        colder copies first."""
+        local = self.path(storage, key)
+        self._use(local)
+        if self.memory_budget_bytes is None:
+            return
+        now, returned = time.monotonic(), False
+        with self._guard:
+            for m in self._mapped:
+                if m.path == local:
+                    m.last_use = now
+                    returned |= m.advised
+                    m.advised = False
+        if returned:  # its pages are faulting back in: make room among the others
+            self._bound_memory(keep=local)
+
+    def _bound_memory(self, keep: str) -> None:
+        budget = self.memory_budget_bytes
+        assert budget is not None
+        with self._guard:
+            self._mapped = [m for m in self._mapped if m.ref() is not None]
+            resident = sorted((m for m in self._mapped if not m.advised), key=lambda m: m.last_use)
+            total = sum(m.size for m in resident)
+            for m in resident:
+                if total <= budget:
+                    break
+                mapped = m.ref()
+                if m.path == keep or mapped is None:
+                    continue
+                mapped.madvise(mmap.MADV_DONTNEED)  # file-backed: the pages come back from disk on use
+                m.advised = True
+                total -= m.size
+                self.advised += 1
 
     def _use(self, local: str) -> bool:
         """Whether the copy exists, refreshing its last use at most every few seconds."""

@@ -76,7 +76,7 @@ class TableFiles:
         self._readers = LRU(256)
 
     def open(self, entry: SuperfileEntry) -> SuperfileReader:
-        def opened(source: str | bytes) -> SuperfileReader:
+        def opened(source: str | bytes | pa.Buffer) -> SuperfileReader:
             return SuperfileReader.open(
                 source,
                 name=f"{self.storage.uri.rstrip('/')}/{entry.path}",
@@ -91,11 +91,12 @@ class TableFiles:
                 return opened(local)
             if self.disk_cache is None:
                 return opened(self.storage.read(entry.path))
+            cache = self.disk_cache
             try:
-                return opened(self.disk_cache.fetch(self.storage, entry.path, entry.size))
+                return opened(cache.map(cache.fetch(self.storage, entry.path, entry.size)))
             except CorruptSuperfileError:  # a damaged local copy: fetch it once more (the object may be fine)
-                self.disk_cache.discard(self.storage, entry.path)
-                return opened(self.disk_cache.fetch(self.storage, entry.path, entry.size))
+                cache.discard(self.storage, entry.path)
+                return opened(cache.map(cache.fetch(self.storage, entry.path, entry.size)))
 
         reader, loaded = self._readers.get_or_load(entry.path, load)
         if not loaded and self.disk_cache is not None:
