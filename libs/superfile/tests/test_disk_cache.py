@@ -185,3 +185,16 @@ def test_memory_budget_advises_the_coldest_mappings_out(s3_table: tuple[str, pa.
 def test_invalid_memory_budget_is_a_typed_error(s3_endpoint: str, s3_bucket: str) -> None:
     with pytest.raises(InvalidOptionError):
         superfile.connect(_s3_uri(s3_endpoint, s3_bucket), cache_memory_bytes=0)
+
+
+def test_large_objects_are_fetched_in_ranges(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import superfile.io.cache as cache_module
+
+    monkeypatch.setattr(cache_module, "_WHOLE", 1000)
+    monkeypatch.setattr(cache_module, "_CHUNK", 300)
+    storage = from_uri(f"memory://{uuid.uuid4().hex}")
+    for size in (999, 1000, 1001, 2500):
+        data = os.urandom(size)
+        storage.write(f"o{size}", data)
+        copy = DiskCache(str(tmp_path), 1 << 20).fetch(storage, f"o{size}", size)
+        assert Path(copy).read_bytes() == data

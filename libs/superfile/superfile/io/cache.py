@@ -42,7 +42,8 @@ __all__ = ["DEFAULT_BUDGET_BYTES", "DiskCache"]
 
 DEFAULT_BUDGET_BYTES = 8 << 30
 
-_CHUNK = 8 << 20  # bytes per ranged read while fetching
+_WHOLE = 64 << 20  # objects up to this size are fetched with one GET ...
+_CHUNK = 16 << 20  # ... larger ones in ranged reads of this size, so a fetch never holds more in memory
 _PART = ".part"
 _STALE_PART_SECONDS = 3600.0  # a temporary file this old belongs to a fetch that died
 _TOUCH_EVERY = 10.0  # seconds: how stale a copy's recorded last use may get
@@ -103,8 +104,11 @@ class DiskCache:
             part = f"{local}.{uuid.uuid4().hex}{_PART}"
             try:
                 with open(part, "wb") as out:
-                    for offset in range(0, size, _CHUNK):
-                        out.write(storage.read_range(key, offset, min(_CHUNK, size - offset)))
+                    if size <= _WHOLE:  # one request: per-request latency outweighs holding it in memory a moment
+                        out.write(storage.read(key))
+                    else:
+                        for offset in range(0, size, _CHUNK):
+                            out.write(storage.read_range(key, offset, min(_CHUNK, size - offset)))
                 os.replace(part, local)
             finally:
                 with contextlib.suppress(FileNotFoundError):
