@@ -129,7 +129,12 @@ class Gateway:
 
     def __init__(self, settings: Settings, writes: WritePath | None = None) -> None:
         self.settings = settings
-        self.db = Connection(settings.storage)
+        self.db = Connection(
+            settings.storage,
+            cache_dir=settings.cache_dir,
+            cache_budget_bytes=settings.cache_budget_bytes,
+            cache_memory_bytes=settings.cache_memory_bytes,
+        )
         self.keys = KeyRing(settings.api_keys, enabled=settings.auth)
         if writes is None:
             writes = (

@@ -7,6 +7,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from superfile.io.cache import DEFAULT_BUDGET_BYTES
+
 __all__ = ["ApiKey", "ConfigError", "Settings", "parse_api_keys"]
 
 _SCOPES = frozenset("rw")
@@ -77,6 +79,10 @@ class Settings:
     cleanup_min_age_s: float = 3600.0
     host: str = "127.0.0.1"
     port: int = 8000
+    # the disk cache for superfiles on remote storage (superfile.connect's options of the same names)
+    cache_dir: str | None = None
+    cache_budget_bytes: int = DEFAULT_BUDGET_BYTES
+    cache_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not self.storage:
@@ -92,6 +98,11 @@ class Settings:
             raise ConfigError(f"wait_timeout_s must be positive, got {self.wait_timeout_s}")
         if not self.cleanup_min_age_s >= 0:
             raise ConfigError(f"cleanup_min_age_s must be non-negative, got {self.cleanup_min_age_s}")
+        if self.cache_budget_bytes < 0 or (self.cache_memory_bytes is not None and self.cache_memory_bytes < 1):
+            raise ConfigError(
+                f"cache_budget_bytes must be >= 0 and cache_memory_bytes positive, got {self.cache_budget_bytes} "
+                f"and {self.cache_memory_bytes}"
+            )
 
     @property
     def mode(self) -> str:
@@ -101,7 +112,8 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """``SUPERFILE_STORAGE`` (required), ``SUPERFILE_API_KEYS``, ``SUPERFILE_NO_AUTH``, ``SUPERFILE_KAFKA``,
         ``SUPERFILE_TOPIC_PREFIX``, ``SUPERFILE_MAX_BODY_BYTES``, ``SUPERFILE_WAIT_TIMEOUT_S``,
-        ``SUPERFILE_CLEANUP_MIN_AGE_S``, ``SUPERFILE_HOST``, ``SUPERFILE_PORT``."""
+        ``SUPERFILE_CLEANUP_MIN_AGE_S``, ``SUPERFILE_HOST``, ``SUPERFILE_PORT``, ``SUPERFILE_CACHE_DIR``,
+        ``SUPERFILE_CACHE_BUDGET_BYTES``, ``SUPERFILE_CACHE_MEMORY_BYTES``."""
         e = os.environ if env is None else env
         try:
             return cls(
@@ -115,6 +127,9 @@ class Settings:
                 cleanup_min_age_s=float(e.get("SUPERFILE_CLEANUP_MIN_AGE_S", 3600.0)),
                 host=e.get("SUPERFILE_HOST", "127.0.0.1"),
                 port=int(e.get("SUPERFILE_PORT", 8000)),
+                cache_dir=e.get("SUPERFILE_CACHE_DIR") or None,
+                cache_budget_bytes=int(e.get("SUPERFILE_CACHE_BUDGET_BYTES", DEFAULT_BUDGET_BYTES)),
+                cache_memory_bytes=int(memory) if (memory := e.get("SUPERFILE_CACHE_MEMORY_BYTES")) else None,
             )
         except ValueError as exc:
             if isinstance(exc, ConfigError):
