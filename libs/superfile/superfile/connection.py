@@ -104,6 +104,11 @@ class Connection:
         self._files: dict[str, TableFiles] = {}
         self._lock = threading.Lock()
 
+    @property
+    def disk_cache(self) -> DiskCache | None:
+        """The cache of this connection's remote superfiles (None for local storage or with a zero budget)."""
+        return self._disk_cache
+
     def _table_files(self, name: str) -> TableFiles:
         with self._lock:
             files = self._files.get(name)

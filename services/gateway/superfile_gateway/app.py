@@ -15,8 +15,9 @@ import math
 import re
 import threading
 import time
+import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, cast
@@ -26,6 +27,7 @@ from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from superfile.connection import Connection
@@ -38,6 +40,7 @@ from superfile.errors import (
     TableNotFoundError,
 )
 from superfile.events import EventLog, Position, topic_for
+from superfile.io.cache import DiskCache
 from superfile.remote.wire import (
     ARROW_STREAM,
     from_ipc,
@@ -108,6 +111,45 @@ class At:
 LATEST = At()
 
 
+_CACHES: weakref.WeakSet[DiskCache] = weakref.WeakSet()  # every live gateway's disk cache in this process
+_CACHES_OBSERVED: list[bool] = []  # [True] once the instruments exist
+_CACHES_LOCK = threading.Lock()
+
+
+def _observe_caches(m: Meter, cache: DiskCache | None) -> None:
+    """The disk caches' size, budget, resident mappings and activity (zeros when there is none), through one
+    set of instruments per process: OpenTelemetry keeps the first callbacks of an instrument name."""
+    with _CACHES_LOCK:
+        if cache is not None:
+            _CACHES.add(cache)
+        if _CACHES_OBSERVED:
+            return
+        _CACHES_OBSERVED.append(True)
+
+    def per_directory(read: Callable[[DiskCache], int]) -> int:  # caches sharing a directory share its files
+        return sum(read(c) for c in {c.directory: c for c in list(_CACHES)}.values())
+
+    def observed(total: Callable[[], int]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        return lambda _options: [Observation(total())]
+
+    for name, total, description in (
+        ("superfile.gateway.cache.bytes", lambda: per_directory(lambda c: c.usage()[1]), "bytes of copies on disk"),
+        ("superfile.gateway.cache.superfiles", lambda: per_directory(lambda c: c.usage()[0]), "copies on disk"),
+        ("superfile.gateway.cache.budget.bytes", lambda: per_directory(lambda c: c.budget_bytes), "on-disk budget"),
+        (
+            "superfile.gateway.cache.mapped.bytes",
+            lambda: sum(c.mapped_bytes() for c in list(_CACHES)),
+            "mappings in the memory budget",
+        ),
+    ):
+        m.create_observable_gauge(name, callbacks=[observed(total)], description=description)
+    for name, total, description in (
+        ("superfile.gateway.cache.fetches", lambda: sum(c.fetches for c in list(_CACHES)), "superfiles downloaded"),
+        ("superfile.gateway.cache.advised", lambda: sum(c.advised for c in list(_CACHES)), "mappings advised out"),
+    ):
+        m.create_observable_counter(name, callbacks=[observed(total)], description=description)
+
+
 class _Catalog:
     """The catalog as one key sees it, for SQL: tables it may not read do not exist."""
 
@@ -156,6 +198,7 @@ class Gateway:
         )
         self.requests = m.create_counter("superfile.gateway.requests", description="HTTP requests by status")
         self.errors = m.create_counter("superfile.gateway.errors", description="Error responses by error type")
+        _observe_caches(m, self.db.disk_cache)
 
     # -- tables -------------------------------------------------------------------------
     def table(self, name: str, at: At = LATEST) -> Supertable:

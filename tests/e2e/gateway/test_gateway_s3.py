@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 import superfile
 from gateway_helpers import SCHEMA, rows
@@ -28,6 +29,14 @@ def test_gateway_over_s3(s3_uri: str, tmp_path: Path) -> None:
         stats = table.stats()
         assert stats["cache_budget_bytes"] == 1 << 30 and stats["cache_resident_superfiles"] >= 1
         assert any((tmp_path / "superfiles").iterdir())
+        metrics = {
+            line.split("{")[0].split(" ")[0]: float(line.split(" ")[-1])
+            for line in httpx.get(f"{srv.url}/metrics").text.splitlines()
+            if line.startswith("superfile_gateway_cache_")
+        }
+        assert metrics["superfile_gateway_cache_superfiles"] >= stats["cache_resident_superfiles"]
+        assert metrics["superfile_gateway_cache_fetches_total"] >= 1
+        assert metrics["superfile_gateway_cache_budget_bytes"] >= 1 << 30
 
 
 def test_gateway_cache_settings_are_checked() -> None:
