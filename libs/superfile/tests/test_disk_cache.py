@@ -198,3 +198,14 @@ def test_large_objects_are_fetched_in_ranges(monkeypatch: pytest.MonkeyPatch, tm
         storage.write(f"o{size}", data)
         copy = DiskCache(str(tmp_path), 1 << 20).fetch(storage, f"o{size}", size)
         assert Path(copy).read_bytes() == data
+
+
+def test_a_cache_directory_that_fails_falls_back_to_memory(s3_table: tuple[str, pa.Table], tmp_path: Path) -> None:
+    uri, rows = s3_table
+    conn = superfile.connect(uri, cache_dir=str(tmp_path))
+    (tmp_path / "superfiles").rmdir()
+    (tmp_path / "superfiles").write_text("not a directory any more")  # every write below it now fails
+    assert conn.open_table("t").to_arrow(["id", "text"]).sort_by("id") == rows
+    assert conn.disk_cache is not None and conn.disk_cache.fetches == 0
+    with pytest.raises(InvalidOptionError, match="cannot keep the disk cache"):
+        superfile.connect(uri, cache_dir=str(tmp_path))  # a directory that cannot be made is a clear error

@@ -74,7 +74,10 @@ class DiskCache:
         self.memory_budget_bytes = (
             None if memory_budget_bytes is None else _positive("cache_memory_bytes", memory_budget_bytes)
         )
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            raise InvalidOptionError(f"cannot keep the disk cache in {directory!r}: {e}") from None
         self.directory = directory
         self.fetches = 0  # objects this process downloaded (a cold open); hits do not count
         self.advised = 0  # mappings advised out of memory to keep within the memory budget

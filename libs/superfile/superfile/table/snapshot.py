@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -28,6 +29,9 @@ __all__ = ["INDEXED_FRACTION", "Snapshot", "TableFiles", "default_cache_dir", "o
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> str:
@@ -93,10 +97,14 @@ class TableFiles:
                 return opened(self.storage.read(entry.path))
             cache = self.disk_cache
             try:
-                return opened(cache.map(cache.fetch(self.storage, entry.path, entry.size)))
-            except CorruptSuperfileError:  # a damaged local copy: fetch it once more (the object may be fine)
-                cache.discard(self.storage, entry.path)
-                return opened(cache.map(cache.fetch(self.storage, entry.path, entry.size)))
+                try:
+                    return opened(cache.map(cache.fetch(self.storage, entry.path, entry.size)))
+                except CorruptSuperfileError:  # a damaged local copy: fetch it once more (the object may be fine)
+                    cache.discard(self.storage, entry.path)
+                    return opened(cache.map(cache.fetch(self.storage, entry.path, entry.size)))
+            except OSError as e:  # the cache directory cannot take it (full, removed): read it as without a cache
+                log.warning("disk cache %s: %s; reading %s into memory", cache.directory, e, entry.path)
+                return opened(self.storage.read(entry.path))
 
         reader, loaded = self._readers.get_or_load(entry.path, load)
         if not loaded and self.disk_cache is not None:
