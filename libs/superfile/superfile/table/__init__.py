@@ -173,7 +173,9 @@ class Supertable:
         return _idempotency.committed_version(self._files.storage, self._current().manifest.properties, [key])
 
     def stats(self) -> dict[str, Any]:
-        """Snapshot facts from the manifest alone (no superfile bytes read), plus process memory."""
+        """Snapshot facts from the manifest alone (no superfile bytes read), plus process memory and, on remote
+        storage, how much of the table the disk cache holds (which lists every superfile: a lazy manifest's
+        parts are fetched)."""
         snap = self._current()
         m = snap.manifest
         return {
@@ -187,7 +189,7 @@ class Supertable:
             "manifest_parts_fetched": self._files.manifests.parts_fetched,
             "resident_memory_bytes": _rss_bytes(),
             "cache_budget_bytes": self._files.disk_cache.budget_bytes if self._files.disk_cache else 0,
-            **{f"cache_{k}": v for k, v in self._files.cache_residency(snap.entries()).items()},
+            **{f"cache_{k}": v for k, v in self._files.cache_residency(snap.entries).items()},
         }
 
     def versions(self) -> list[dict[str, Any]]:

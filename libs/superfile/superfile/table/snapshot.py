@@ -111,10 +111,11 @@ class TableFiles:
             self.disk_cache.touch(self.storage, entry.path)
         return reader
 
-    def cache_residency(self, entries: Sequence[SuperfileEntry]) -> dict[str, int]:
-        """How many of ``entries`` (and how many of their bytes) have a copy in the disk cache."""
+    def cache_residency(self, entries: Callable[[], Sequence[SuperfileEntry]]) -> dict[str, int]:
+        """How many of the ``entries()`` (and how many of their bytes) have a copy in the disk cache; without a
+        cache, zeros and no call (listing the entries may fetch the lazy parts of a manifest)."""
         cache = self.disk_cache
-        resident = [e for e in entries if cache is not None and cache.resident(self.storage, e.path)]
+        resident = [e for e in entries() if cache.resident(self.storage, e.path)] if cache is not None else []
         return {"resident_superfiles": len(resident), "resident_bytes": sum(e.size for e in resident)}
 
     def is_open(self, entry: SuperfileEntry) -> bool:
