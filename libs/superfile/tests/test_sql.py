@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import decimal
+import gc
 import math
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 import superfile
 from superfile.errors import InvalidInputError, SqlError
 from superfile.expressions import parse_predicate
+from superfile.format.reader import decode_pool
 from superfile.sql import RRF_K, SqlSession, rrf_fuse
 from superfile.sql.context import pinned_values
 
@@ -284,6 +287,26 @@ def test_other_counts_run_in_datafusion(world: World, query: str) -> None:
     got = s.run()
     assert s.counted is None
     assert _rows(got) == _rows(world.duck().sql(query).to_arrow_table())
+
+
+def test_a_finished_query_frees_its_session_and_rows(world: World) -> None:
+    """The context holds the table functions from Rust; were they to hold the session strongly, every query's
+    session and the rows it registered would stay alive for good (the garbage collector cannot see the cycle)."""
+    query = "SELECT count(*), sum(price) FROM items WHERE name LIKE '%rust%'"
+    pool = decode_pool()
+    before = pool.bytes_allocated()
+    session = SqlSession(world.conn, query)
+    session.run()
+    assert pool.bytes_allocated() > before  # the registered rows
+    gone = weakref.ref(session)
+    del session
+    gc.collect()
+    assert gone() is None and pool.bytes_allocated() == before
+    for _ in range(3):  # and through the connection, with a table function in the query
+        world.conn.sql(query)
+        world.conn.sql("SELECT count(*) FROM bm25_search('items', 'name', 'rust', 5) b JOIN items i ON b._id = i._id")
+    gc.collect()
+    assert pool.bytes_allocated() == before
 
 
 def test_one_snapshot_per_table_per_query(world: World) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -157,11 +158,19 @@ class SqlSession:
         return scalar if wanted is None else wanted
 
     def _bind(self, fn: Any) -> Any:
+        """``fn`` as a table function of this session. The context keeps it from Rust, where Python's garbage
+        collector cannot see a reference cycle back to the session, so it holds the session weakly: a strong
+        reference kept every query's session, and the rows it registered, alive for good."""
+        session = weakref.ref(self)
+
         def call(*args: Any) -> Any:
+            me = session()
+            if me is None:
+                raise TableFunctionError("the query that this table function belongs to has ended")
             try:
-                return fn(self, *args)
+                return fn(me, *args)
             except SuperfileError as e:
-                self.error = e  # re-raised by run() with its own message, not DataFusion's wrapping
+                me.error = e  # re-raised by run() with its own message, not DataFusion's wrapping
                 raise TableFunctionError(str(e)) from e
 
         return call
