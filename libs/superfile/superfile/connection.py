@@ -20,6 +20,7 @@ from superfile.errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from superfile.format.reader import DEFAULT_CACHE_DIR
 from superfile.io import Storage, from_uri
 from superfile.io.cache import DEFAULT_BUDGET_BYTES, DiskCache
 from superfile.manifest.model import HistoryEntry, ManifestList, Pointer, now_ms
@@ -27,7 +28,7 @@ from superfile.manifest.store import POINTER
 from superfile.options import PartitionSpec, TableOptions, VectorColumn
 from superfile.schema import table_schema, to_arrow_table
 from superfile.table import Supertable
-from superfile.table.snapshot import Snapshot, TableFiles, default_cache_dir
+from superfile.table.snapshot import Snapshot, TableFiles
 
 __all__ = ["Connection", "connect"]
 
@@ -95,7 +96,7 @@ class Connection:
             raise InvalidOptionError(f"cache_budget_bytes must be an integer >= 0, got {cache_budget_bytes!r}")
         self._storage: Storage = from_uri(uri, **storage_options)
         self._verify = verify_checksums
-        self._cache_dir = cache_dir or default_cache_dir()
+        self._cache_dir = cache_dir or DEFAULT_CACHE_DIR
         self._disk_cache = (
             DiskCache(os.path.join(self._cache_dir, "superfiles"), cache_budget_bytes, cache_memory_bytes)
             if self._storage.remote and cache_budget_bytes

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -17,6 +15,7 @@ from superfile._lru import LRU
 from superfile.errors import CorruptSuperfileError
 from superfile.expressions import Predicate
 from superfile.format import SuperfileReader
+from superfile.format.reader import DEFAULT_CACHE_DIR
 from superfile.io import Storage
 from superfile.io.cache import DiskCache
 from superfile.manifest.model import ManifestList, PartRef, SuperfileEntry
@@ -25,18 +24,13 @@ from superfile.pools import query_pool, query_threads
 from superfile.schema import ID
 from superfile.table.index_filter import candidate_rows, text_pruner
 
-__all__ = ["INDEXED_FRACTION", "Snapshot", "TableFiles", "default_cache_dir", "offsets_of"]
+__all__ = ["INDEXED_FRACTION", "Snapshot", "TableFiles", "offsets_of"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
 log = logging.getLogger(__name__)
-
-
-def default_cache_dir() -> str:
-    """Where extracted full-text indexes and cached superfiles go unless ``connect(cache_dir=...)`` says."""
-    return os.path.join(tempfile.gettempdir(), "superfile-cache")
 
 
 INDEXED_FRACTION = 0.1  # read only a superfile's index candidates when they are at most this share of its rows
@@ -75,7 +69,7 @@ class TableFiles:
         self.storage = storage
         self.manifests = ManifestStore(storage)
         self.verify = verify
-        self.cache_dir = cache_dir or default_cache_dir()
+        self.cache_dir = cache_dir or DEFAULT_CACHE_DIR
         self.disk_cache = disk_cache  # local copies of remote superfiles (None: each is read into memory)
         self._readers = LRU(256)
 
