@@ -237,6 +237,8 @@ def decode_pool() -> pa.MemoryPool:
     pages, and a scan's buffers, decoded on worker threads and freed on others once the query ends, keep
     landing on new pages that the kernel zeroes 2 MiB at a time. Measured on a 1M-row GROUP BY: ~55% of
     the CPU in ``clear_page``, about 100 ms per query. jemalloc (with a decay, below) reuses its pages.
+    That was measured while every SQL query leaked its rows (fixed since), which kept the process growing;
+    since the fix the two pools measure the same (``BENCHMARKS.md``, SQL).
     """
     choice = os.environ.get("SUPERFILE_DECODE_POOL", "")
     pools = {
