@@ -4,7 +4,8 @@
 
 One table on the local S3 server (moto): real corpus rows (text and 384-d vectors) repeated to ``--rows``,
 in superfiles of 25,000 rows. Every measurement runs in a fresh process, so nothing is open and memory is
-its own: connect, one BM25 query (it opens every superfile), one vector query, the BM25 query again; the
+its own: connect, one BM25 query (it opens every superfile), one vector query, the BM25 query again (each
+returning ``doc_id`` and the score of the top 10); the
 times of the three and the process's resident memory after them, anonymous (heap) and file-backed
 (mappings: the cached superfiles, and the libraries), from /proc/self/status. Modes:
 
@@ -12,6 +13,8 @@ times of the three and the process's resident memory after them, anonymous (heap
 - ``cold``: an empty cache directory (every superfile downloaded into it);
 - ``warm``: the directory the cold run filled (another process's copies, nothing downloaded);
 - ``warm-budget``: as warm, with ``cache_memory_bytes`` a quarter of the table;
+- ``cold-unverified``: an empty cache directory and ``verify_checksums=False``: a query reads the ranges
+  it needs while the copies download in the background;
 - ``lancedb``: LanceDB 0.40 over the same rows on the same server (its FTS and IVF_PQ indexes), which
   reads object ranges and keeps no local copies.
 """
@@ -33,7 +36,7 @@ import superfile
 from common import corpus, median, repeated, run_isolated, save, timed
 
 QUERY = "supersonic flow over a swept wing"
-MODES = ("memory", "cold", "warm", "warm-budget", "lancedb")
+MODES = ("memory", "cold", "warm", "warm-budget", "cold-unverified", "lancedb")
 _S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -63,23 +66,25 @@ def worker(mode: str, uri: str, cache_dir: str, budget: int, lance_uri: str, end
         t = lancedb.connect(lance_uri, storage_options=lance_options(endpoint)).open_table("t")
 
         def bm25() -> Any:
-            return t.search(QUERY, query_type="fts").limit(10).to_arrow()
+            return t.search(QUERY, query_type="fts").select(["doc_id"]).limit(10).to_arrow()
 
         def vec() -> Any:
-            return t.search(q).limit(10).to_arrow()
+            return t.search(q).select(["doc_id"]).limit(10).to_arrow()
     else:
         options: dict[str, Any] = {"cache_dir": cache_dir}
         if mode == "memory":
             options["cache_budget_bytes"] = 0
         if mode == "warm-budget":
             options["cache_memory_bytes"] = budget
+        if mode == "cold-unverified":
+            options |= {"cache_dir": f"{cache_dir}/unverified", "verify_checksums": False}
         table = superfile.connect(uri, **options).open_table("t")
 
         def bm25() -> Any:
-            return table.bm25_search("text", QUERY, k=10)
+            return table.bm25_search("text", QUERY, k=10, projection=["doc_id"])
 
         def vec() -> Any:
-            return table.vector_search("embedding", q, k=10)
+            return table.vector_search("embedding", q, k=10, projection=["doc_id"])
 
     first, hits = timed(bm25)
     second, _ = timed(vec)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import quote
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import superfile
@@ -209,3 +211,86 @@ def test_a_cache_directory_that_fails_falls_back_to_memory(s3_table: tuple[str, 
     assert conn.disk_cache is not None and conn.disk_cache.fetches == 0
     with pytest.raises(InvalidOptionError, match="cannot keep the disk cache"):
         superfile.connect(uri, cache_dir=str(tmp_path))  # a directory that cannot be made is a clear error
+
+
+CRANFIELD = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield" / "docs.parquet"
+
+
+@pytest.fixture
+def s3_vector_table(s3_endpoint: str, s3_bucket: str) -> tuple[str, int]:
+    """Cranfield (text, 384-d vectors, a bitmap-indexed label) five times over, in 4 superfiles of a few
+    MiB each on S3; the URI and the superfiles' total size."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    docs = pq.read_table(CRANFIELD, columns=["id", "title", "text", "embedding"])
+    rows = pa.concat_tables([docs] * 5)
+    rows = rows.set_column(0, "id", pa.array(range(rows.num_rows), pa.int64()))
+    rows = rows.append_column("label", pc.cast(pc.bit_wise_and(rows["id"], 7), pa.string()))
+    uri = _s3_uri(s3_endpoint, s3_bucket)
+    table = superfile.connect(uri, cache_budget_bytes=0).create_table(
+        "v",
+        schema=rows.schema,
+        fts_columns=["text"],
+        vector_columns={"embedding": {"dim": 384, "metric": "cosine"}},
+        max_rows_per_superfile=rows.num_rows // 4,
+    )
+    table.append(rows)
+    return uri, sum(e.size for e in table._snapshot.entries())
+
+
+def _answers(db: superfile.Connection) -> list[pa.Table]:
+    t = db.open_table("v")
+    q = pa.array(np.linspace(-1, 1, 384, dtype=np.float32))
+    return [
+        t.bm25_search("text", "supersonic boundary layer", k=10, projection=["id", "title"]),
+        t.bm25_search("text", "supersonic boundary layer", k=10),
+        t.bm25_search_prefix("text", "hyperson", k=10),
+        t.token_match("text", "shock wave", mode="all", projection=["id"]),
+        t.vector_search("embedding", q, k=10, projection=["id", "title"]),
+        t.vector_search("embedding", q, k=10, where="label = '3'", projection=["id"]),
+        t.hybrid_search("text", "heat transfer", "embedding", q, k=10),
+        t.to_arrow(["id", "title", "label"], where="label = '5' AND id < 3000"),
+        pa.table({"n": [t.count_rows("label IN ('1', '2')")]}),
+        db.sql("SELECT b._id, v.label FROM bm25_search('v', 'text', 'wing', 5) b JOIN v ON b._id = v._id"),
+    ]
+
+
+def test_unverified_cold_reads_fetch_only_the_ranges_used(s3_vector_table: tuple[str, int], tmp_path: Path) -> None:
+    uri, total = s3_vector_table
+    want = _answers(superfile.connect(uri, cache_budget_bytes=0))
+    conn = superfile.connect(uri, cache_dir=str(tmp_path), verify_checksums=False)
+    cache = conn.disk_cache
+    assert cache is not None
+    cache.prefetch = False  # only what is read
+    t = conn.open_table("v")
+    assert t.bm25_search("text", "supersonic boundary layer", k=10, projection=["id", "title"]) == want[0]
+    assert 0 < cache.ranged_bytes < total / 2  # footers, full-text sections, a few row groups: no vectors
+    assert [a.to_pylist() for a in _answers(conn)] == [a.to_pylist() for a in want]
+    assert cache.fetches == 0 and cache.usage() == (0, 0)  # nothing kept without the background fill
+
+
+def test_unverified_cold_copies_fill_in_the_background(s3_vector_table: tuple[str, int], tmp_path: Path) -> None:
+    uri, _ = s3_vector_table
+    want = [a.to_pylist() for a in _answers(superfile.connect(uri, cache_budget_bytes=0))]
+    conn = superfile.connect(uri, cache_dir=str(tmp_path), verify_checksums=False)
+    assert [a.to_pylist() for a in _answers(conn)] == want
+    cache, storage = conn.disk_cache, conn.open_table("v")._files.storage
+    assert cache is not None
+    entries = conn.open_table("v")._snapshot.entries()
+    deadline = time.monotonic() + 60
+    while not all(cache.resident(storage, e.path) for e in entries) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cache.fetches == len(entries) == 4
+    # the filled copies are whole: a verifying reader in a new connection opens them without a download
+    verified = superfile.connect(uri, cache_dir=str(tmp_path))
+    assert [a.to_pylist() for a in _answers(verified)] == want
+    assert verified.disk_cache is not None and verified.disk_cache.fetches == 0
+    assert [a.to_pylist() for a in _answers(conn)] == want  # the first readers, now on whole copies
+
+
+def test_verifying_readers_download_whole_copies(s3_vector_table: tuple[str, int], tmp_path: Path) -> None:
+    uri, _ = s3_vector_table
+    conn = superfile.connect(uri, cache_dir=str(tmp_path))
+    conn.open_table("v").bm25_search("text", "wing", k=3)
+    assert conn.disk_cache is not None and conn.disk_cache.ranged_bytes == 0 and conn.disk_cache.fetches == 4

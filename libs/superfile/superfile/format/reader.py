@@ -8,7 +8,7 @@ import re
 import tempfile
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,9 +48,11 @@ class SuperfileReader:
         directory: dict[str, Any],
         sections: dict[str, Section],
         cache_dir: str,
+        ensure: Callable[[int, int], None] | None = None,
     ) -> None:
         self.name = name
         self._buf = buf
+        self._ensure = ensure  # makes a byte range of ``buf`` present before it is read (a copy still arriving)
         self._pq_meta = metadata
         self.metadata = directory
         self.sections = sections
@@ -83,8 +85,14 @@ class SuperfileReader:
         verify: bool = True,
         cache_dir: str | None = None,
         expected_footer_crc32: int | None = None,
+        ensure: Callable[[int, int], None] | None = None,
     ) -> SuperfileReader:
         """Open a local path (memory-mapped) or the whole file in memory; ``name`` appears in errors.
+
+        ``ensure(offset, length)``, when given, is called before every byte range of ``source`` is read: the
+        buffer may be a copy still being filled (a remote superfile read by ranges while it downloads). Only
+        the ranges a query needs are then read: the footer here, and later the sections and column chunks
+        it uses (with ``verify``, the whole file).
 
         Structure (magic numbers, footer, section directory) is always checked,
         and so is the footer's own CRC-32: it is small and covers every offset
@@ -100,6 +108,15 @@ class SuperfileReader:
         else:
             buf = pa.py_buffer(source)
         view = memoryview(buf)
+        if ensure is not None:
+            size = len(view)
+            ensure(0, min(size, 4))  # the leading magic number
+            ensure(max(0, size - 8), min(size, 8))  # the footer's length and the trailing magic number
+            if size >= 12:
+                footer_len = int.from_bytes(view[size - 8 : size - 4], "little")
+                ensure(max(0, size - 8 - footer_len), min(size, 8 + footer_len))
+            if verify:
+                ensure(0, size)
         footer_start = footer_bounds(view, name)
         footer_crc = check_footer(view, footer_start, name)
         if expected_footer_crc32 is not None and footer_crc != expected_footer_crc32:
@@ -121,11 +138,13 @@ class SuperfileReader:
                         name, f"section {s.name!r} crc32 {actual:08x} != recorded {s.crc32:08x}"
                     )
         sections["footer"] = Section("footer", "footer", footer_start, len(view) - footer_start, footer_crc)
-        return cls(name, buf, metadata, directory, sections, cache_dir or DEFAULT_CACHE_DIR)
+        return cls(name, buf, metadata, directory, sections, cache_dir or DEFAULT_CACHE_DIR, ensure)
 
     def blob(self, section: str) -> memoryview:
         """Zero-copy view of one section's bytes."""
         s = self.sections[section]
+        if self._ensure is not None:
+            self._ensure(s.offset, s.length)
         return memoryview(self._buf)[s.offset : s.offset + s.length]
 
     def read(
@@ -143,6 +162,7 @@ class SuperfileReader:
         pf = self._parquet()
         indices = [i for c in cols for i in self._leaves[c]]
         if rows is None:
+            self._ensure_chunks(range(self._pq_meta.num_row_groups), indices)
             return pf.read_all(column_indices=indices, use_threads=use_threads)
         offsets = np.asarray(rows)
         if offsets.ndim != 1 or (offsets.size and not np.issubdtype(offsets.dtype, np.integer)):
@@ -157,8 +177,22 @@ class SuperfileReader:
         sizes = np.diff(self._rg_starts)[needed]
         base = np.zeros(len(self._rg_starts) - 1, np.int64)
         base[needed] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        self._ensure_chunks(needed.tolist(), indices)
         table = pf.read_row_groups(needed.tolist(), column_indices=indices, use_threads=use_threads)
         return table.take(pa.array(base[group] + offsets - self._rg_starts[group]))
+
+    def _ensure_chunks(self, row_groups: Iterable[int], columns: list[int]) -> None:
+        """Make the column chunks that a read of these row groups and leaf columns decodes present."""
+        if self._ensure is None:
+            return
+        for g in row_groups:
+            group = self._pq_meta.row_group(g)
+            for c in columns:
+                chunk = group.column(c)
+                start = chunk.data_page_offset
+                if chunk.has_dictionary_page and chunk.dictionary_page_offset is not None:
+                    start = min(start, chunk.dictionary_page_offset)
+                self._ensure(start, chunk.total_compressed_size)
 
     def _parquet(self) -> ParquetReader:
         """A Parquet reader over the file whose decoded buffers come from :func:`decode_pool`."""

@@ -12,6 +12,13 @@ copies (by modification time, which every use refreshes) are removed until the r
 that a reader still has mapped is safe: the mapping keeps its pages until the reader is gone, so eviction
 only ever costs a fetch.
 
+A reader that does not verify checksums (``verify_checksums=False``, the spec's trade of that guarantee
+for faster cold opens) does not wait for a cold copy: :meth:`DiskCache.open_filling` maps a sparse file of
+the object's size at once, and every byte range the reader is about to read is fetched first by a ranged
+read (the footer, then the sections and column chunks a query uses), while a background thread fills the
+rest in order and renames the file into place once it is whole. The reader keeps the same mapping
+throughout, so it never has to be reopened.
+
 An optional memory budget bounds the mapped working set instead of the on-disk set: when the copies mapped
 by this process's readers add up to more than it, the least recently used mappings are advised out of
 memory (``madvise(MADV_DONTNEED)``). Their files stay on disk, so their pages fault back in on the next
@@ -23,14 +30,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import mmap
 import os
 import posixpath
+import queue
 import re
 import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -40,6 +50,8 @@ from superfile.io import Storage
 
 __all__ = ["DEFAULT_BUDGET_BYTES", "DiskCache"]
 
+log = logging.getLogger(__name__)
+
 DEFAULT_BUDGET_BYTES = 8 << 30
 
 _WHOLE = 64 << 20  # objects up to this size are fetched with one GET ...
@@ -48,6 +60,7 @@ _PART = ".part"
 _STALE_PART_SECONDS = 3600.0  # a temporary file this old belongs to a fetch that died
 _TOUCH_EVERY = 10.0  # seconds: how stale a copy's recorded last use may get
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_BLOCK = 1 << 20  # granularity of what a filling copy records as present
 
 
 @dataclass
@@ -85,6 +98,8 @@ class DiskCache:
         self._fetching: dict[str, threading.Lock] = {}
         self._touched: dict[str, float] = {}
         self._mapped: list[_Mapping] = []
+        self.prefetch = True  # fill a copy opened by open_filling in the background (else only what is read)
+        self.ranged_bytes = 0  # bytes fetched by ranged reads for readers of filling copies
 
     def path(self, storage: Storage, key: str) -> str:
         """Where the copy of ``key`` in ``storage`` lives (whether or not it is there)."""
@@ -165,10 +180,23 @@ class DiskCache:
                     sizes.append(entry.stat().st_size)
         return len(sizes), sum(sizes)
 
+    def open_filling(self, storage: Storage, key: str, size: int) -> tuple[pa.Buffer, Callable[[int, int], None]]:
+        """A mapping of ``key``'s copy that is filled as it is read, and the ``ensure(offset, length)`` to call
+        before reading a range of it. Without :attr:`prefetch`, only the ranges read are ever fetched (and the
+        copy is not kept)."""
+        local = self.path(storage, key)
+        filling = _Filling(self, storage, key, size, local, keep=self.prefetch)
+        if self.prefetch:
+            _start_fill(filling.fill)
+        return self._register(local, filling.mapped), filling.ensure
+
     def map(self, local: str) -> pa.Buffer:
         """The copy at ``local`` memory-mapped, its mapping counted against the memory budget."""
         with open(local, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return self._register(local, mapped)
+
+    def _register(self, local: str, mapped: mmap.mmap) -> pa.Buffer:
         if self.memory_budget_bytes is not None:
             with self._guard:
                 self._mapped.append(_Mapping(local, weakref.ref(mapped), len(mapped), time.monotonic()))
@@ -229,3 +257,109 @@ class DiskCache:
         with self._guard:
             self._touched[local] = now
         return True
+
+
+class _Filling:
+    """A copy being downloaded: a sparse file of the object's size, mapped at once, whose 1 MiB blocks are
+    fetched when a reader needs them (:meth:`ensure`) and in order by :meth:`fill`, which renames the file
+    into place once every block is there. A block is marked present only after its bytes are written, and
+    ``ensure`` returns only once every block of its range is present, so a reader never sees the zeros of a
+    hole. The file descriptor stays open while the reader lives (it may still need ranges after a failed
+    fill) and is closed once every block is there or the reader is gone."""
+
+    def __init__(self, cache: DiskCache, storage: Storage, key: str, size: int, local: str, keep: bool) -> None:
+        self.cache, self.storage, self.key, self.size, self.local = cache, storage, key, size, local
+        self.part = f"{local}.{uuid.uuid4().hex}{_PART}"
+        fd = os.open(self.part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd: list[int] = [fd]  # emptied when closed (shared with the finalizer)
+        weakref.finalize(self, _close, self._fd)
+        os.ftruncate(fd, size)
+        self.mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        if not keep:  # only what is read is ever fetched: no copy to keep, the open file is all there is
+            os.unlink(self.part)
+        self._present = bytearray((size + _BLOCK - 1) // _BLOCK)
+        self._missing = len(self._present)
+        self._lock = threading.Lock()
+
+    def ensure(self, offset: int, length: int) -> None:
+        if self._missing == 0 or length <= 0:
+            return
+        first, last = offset // _BLOCK, min(offset + length - 1, self.size - 1) // _BLOCK
+        with self._lock:
+            gaps = [b for b in range(first, last + 1) if not self._present[b]]
+        for start, end in _runs(gaps):
+            self._fetch(start, end, ranged=True)
+
+    def fill(self) -> None:
+        """Fetch every block still missing, in order, then put the whole copy in place (background)."""
+        try:
+            with self._lock:
+                gaps = [b for b, present in enumerate(self._present) if not present]
+            for start, end in _runs(gaps, most=_CHUNK // _BLOCK):
+                self._fetch(start, end, ranged=False)
+            os.replace(self.part, self.local)
+        except Exception as e:  # readers still fetch what they need; the copy is not kept
+            log.warning("disk cache: filling %s failed (%s); it is read by ranges only", self.key, e)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.part)
+            return
+        with self.cache._guard:
+            self.cache.fetches += 1
+            self.cache._touched[self.local] = time.monotonic()
+        self.cache.evict(keep=self.local)
+
+    def _fetch(self, first: int, last: int, *, ranged: bool) -> None:
+        offset = first * _BLOCK
+        data = self.storage.read_range(self.key, offset, min((last + 1) * _BLOCK, self.size) - offset)
+        with self._lock:
+            if not self._fd:
+                return  # every block was written meanwhile
+            os.pwrite(self._fd[0], data, offset)
+            for b in range(first, last + 1):
+                if not self._present[b]:
+                    self._present[b] = 1
+                    self._missing -= 1
+            if self._missing == 0:
+                _close(self._fd)
+        if ranged:
+            with self.cache._guard:
+                self.cache.ranged_bytes += len(data)
+
+
+def _close(fd: list[int]) -> None:
+    if fd:
+        os.close(fd.pop())
+
+
+def _fill_worker() -> None:
+    while True:
+        _FILL_QUEUE.get()()
+
+
+_FILL_QUEUE: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+_FILL_WORKERS: list[threading.Thread] = []
+
+
+def _start_fill(job: Callable[[], None]) -> None:
+    """Queue a background fill; two daemon threads per process run them in order (a process may exit with
+    fills unfinished: their temporary files are swept later)."""
+    with _FILL_LOCK:
+        while len(_FILL_WORKERS) < 2:
+            worker = threading.Thread(target=_fill_worker, name="superfile-cache-fill", daemon=True)
+            worker.start()
+            _FILL_WORKERS.append(worker)
+    _FILL_QUEUE.put(job)
+
+
+_FILL_LOCK = threading.Lock()
+
+
+def _runs(blocks: list[int], most: int | None = None) -> list[tuple[int, int]]:
+    """Consecutive block numbers as (first, last) runs, each at most ``most`` blocks long."""
+    runs: list[tuple[int, int]] = []
+    for b in blocks:
+        if runs and runs[-1][1] == b - 1 and (most is None or b - runs[-1][0] < most):
+            runs[-1] = (runs[-1][0], b)
+        else:
+            runs.append((b, b))
+    return runs

@@ -74,13 +74,16 @@ class TableFiles:
         self._readers = LRU(256)
 
     def open(self, entry: SuperfileEntry) -> SuperfileReader:
-        def opened(source: str | bytes | pa.Buffer) -> SuperfileReader:
+        def opened(
+            source: str | bytes | pa.Buffer, ensure: Callable[[int, int], None] | None = None
+        ) -> SuperfileReader:
             return SuperfileReader.open(
                 source,
                 name=f"{self.storage.uri.rstrip('/')}/{entry.path}",
                 verify=self.verify,
                 cache_dir=self.cache_dir,
                 expected_footer_crc32=entry.footer_crc32,
+                ensure=ensure,
             )
 
         def load() -> SuperfileReader:
@@ -91,6 +94,9 @@ class TableFiles:
                 return opened(self.storage.read(entry.path))
             cache = self.disk_cache
             try:
+                if not self.verify and not cache.resident(self.storage, entry.path):
+                    # nothing to check whole: read the ranges a query needs while the copy downloads
+                    return opened(*cache.open_filling(self.storage, entry.path, entry.size))
                 try:
                     return opened(cache.map(cache.fetch(self.storage, entry.path, entry.size)))
                 except CorruptSuperfileError:  # a damaged local copy: fetch it once more (the object may be fine)
