@@ -314,7 +314,10 @@ class _Filling:
         with self._lock:
             if not self._fd:
                 return  # every block was written meanwhile
-            os.pwrite(self._fd[0], data, offset)
+            view, at = memoryview(data), offset
+            while view:  # a write to a regular file may still be short
+                written = os.pwrite(self._fd[0], view, at)
+                view, at = view[written:], at + written
             for b in range(first, last + 1):
                 if not self._present[b]:
                     self._present[b] = 1
