@@ -15,11 +15,13 @@ import argparse
 import logging
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
+from typing import Any
 
 import redis
 import superfile
+from superfile.io.cache import DEFAULT_BUDGET_BYTES
 from superfile.telemetry import serve
 
 from superfile_builder.compactor import CompactionPolicy, Compactor
@@ -44,15 +46,19 @@ class Builder:
         tables: Sequence[str] | None = None,
         lease_ms: int = 5000,
         rescan_ms: int = 5000,
+        connect_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.conn = superfile.connect(storage)
+        """``connect_options``: ``superfile.connect``'s options (the disk cache's) for this process and the
+        compaction process."""
+        options = dict(connect_options or {})
+        self.conn = superfile.connect(storage, **options)
         self.config = config
         self.tables = list(tables) if tables else None
         self.rescan_s = rescan_ms / 1000
         self.metrics = BuilderMetrics()
         self.leases = LeaseKeeper(redis.Redis.from_url(redis_url), lease_ms)
         self.pipelines: dict[str, TablePipeline] = {}
-        self.compactor = Compactor(storage, config.compaction) if config.compaction.enabled else None
+        self.compactor = Compactor(storage, config.compaction, options) if config.compaction.enabled else None
         self._stop = threading.Event()
 
     def scan(self) -> None:
@@ -120,6 +126,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--topic-prefix", default="superfile")
     p.add_argument("--metrics-port", type=int, default=9101, help="0 disables /metrics")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--cache-dir", help="disk cache of superfiles read back from s3:// (default: under TMPDIR)")
+    p.add_argument("--cache-budget-bytes", type=int, default=DEFAULT_BUDGET_BYTES, help="its size on disk (0: none)")
+    p.add_argument("--cache-memory-bytes", type=int, help="bound on its resident mappings (default: none)")
     args = p.parse_args(argv)
     for name in ("commit_rows", "commit_bytes", "freshness_ms", "rescan_ms"):
         if getattr(args, name) < 1:
@@ -130,6 +139,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--compact-small-files must be 0 (off) or positive")
     if args.compact_target_rows is not None and args.compact_target_rows < 1:
         p.error("--compact-target-rows must be positive")
+    if args.cache_budget_bytes < 0 or (args.cache_memory_bytes is not None and args.cache_memory_bytes < 1):
+        p.error("--cache-budget-bytes must be >= 0 and --cache-memory-bytes positive")
     return args
 
 
@@ -144,8 +155,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         topic_prefix=args.topic_prefix,
         compaction=CompactionPolicy(args.compact_small_files, args.compact_target_rows),
     )
+    cache = {"cache_dir": args.cache_dir, "cache_budget_bytes": args.cache_budget_bytes}
+    cache["cache_memory_bytes"] = args.cache_memory_bytes
     builder = Builder(
-        args.storage, config, args.redis, tables=args.tables, lease_ms=args.lease_ms, rescan_ms=args.rescan_ms
+        args.storage,
+        config,
+        args.redis,
+        tables=args.tables,
+        lease_ms=args.lease_ms,
+        rescan_ms=args.rescan_ms,
+        connect_options=cache,
     )
     server = serve(args.metrics_port) if args.metrics_port else None
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -114,9 +114,10 @@ class CompactionPolicy:
 class Compactor:
     """The builder's compaction process, shared by its table pipelines (their runs queue)."""
 
-    def __init__(self, uri: str, policy: CompactionPolicy) -> None:
+    def __init__(self, uri: str, policy: CompactionPolicy, connect_options: Mapping[str, Any] | None = None) -> None:
         self.uri = uri
         self.policy = policy
+        self.connect_options = dict(connect_options or {})
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = None
 
@@ -128,7 +129,7 @@ class Compactor:
                 self._pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_lower_priority)
             pool = self._pool
         try:
-            return pool.submit(_run, self.uri, table, self.policy).result()
+            return pool.submit(_run, self.uri, table, self.policy, self.connect_options).result()
         except BrokenProcessPool:
             with self._lock:
                 if self._pool is pool:
@@ -147,10 +148,12 @@ def _lower_priority() -> None:
     os.nice(_NICE)
 
 
-def _run(uri: str, table_name: str, policy: CompactionPolicy) -> dict[str, Any] | None:
+def _run(
+    uri: str, table_name: str, policy: CompactionPolicy, connect_options: Mapping[str, Any]
+) -> dict[str, Any] | None:
     """In the compaction process: one bounded run, if due. A connection per run: its caches would hold
     the superfiles the run just replaced."""
-    table = superfile.connect(uri).open_table(table_name)
+    table = superfile.connect(uri, **connect_options).open_table(table_name)
     if not policy.due(table._snapshot.entries(), table.options.max_rows_per_superfile):
         return None
     return optimize(table, policy.target_rows, select=policy.select, parallel=False)

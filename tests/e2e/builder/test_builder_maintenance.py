@@ -16,6 +16,7 @@ import superfile
 from builder_support import SCHEMA, BuilderProcess, create_table, gauge, rows, wait_until
 from superfile.events import Event, EventLog, Position
 from superfile.table.optimize import optimize
+from superfile_builder.__main__ import parse_args
 from superfile_builder.compactor import CompactionPolicy, Compactor
 from superfile_gateway import BackgroundServer, Settings
 from superfile_suite import Server, free_port
@@ -234,3 +235,24 @@ def test_compaction_process_runs_and_a_crashed_one_is_replaced(tmp_path: Path, t
         assert sorted(_keys(table)) == sorted([f"a{i}" for i in range(6)] + [f"b{i}" for i in range(3)])
     finally:
         compactor.close()
+
+
+def test_compaction_process_reads_s3_superfiles_through_the_given_cache(
+    s3_uri: str, tmp_path: Path, table_name: str
+) -> None:
+    """The builder's cache options reach its compaction process: the superfiles it compacts on S3 are read
+    through copies in the given directory."""
+    table = superfile.connect(s3_uri).create_table(table_name, SCHEMA, max_rows_per_superfile=TARGET)
+    for i in range(4):
+        table.append(rows([f"a{i}"]))
+    args = parse_args(["--storage", s3_uri, "--kafka", "k:1", "--redis", "redis://r", "--cache-dir", str(tmp_path)])
+    options = {"cache_dir": args.cache_dir, "cache_budget_bytes": args.cache_budget_bytes}
+    compactor = Compactor(s3_uri, CompactionPolicy(2), options)
+    try:
+        result = compactor.run(table_name)
+        assert result is not None and result["superfiles_removed"] == 4, result
+    finally:
+        compactor.close()
+    assert len(list((tmp_path / "superfiles").iterdir())) == 4  # the copies the process read
+    with pytest.raises(SystemExit):
+        parse_args(["--storage", s3_uri, "--kafka", "k:1", "--redis", "redis://r", "--cache-budget-bytes", "-1"])
