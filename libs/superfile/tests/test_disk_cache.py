@@ -294,3 +294,15 @@ def test_verifying_readers_download_whole_copies(s3_vector_table: tuple[str, int
     conn = superfile.connect(uri, cache_dir=str(tmp_path))
     conn.open_table("v").bm25_search("text", "wing", k=3)
     assert conn.disk_cache is not None and conn.disk_cache.ranged_bytes == 0 and conn.disk_cache.fetches == 4
+
+
+def test_concurrent_unverified_cold_readers_agree(s3_vector_table: tuple[str, int], tmp_path: Path) -> None:
+    """Threads reading a cold table by ranges at once, while the background fills run, all see whole data."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    uri, _ = s3_vector_table
+    want = [a.to_pylist() for a in _answers(superfile.connect(uri, cache_budget_bytes=0))]
+    conn = superfile.connect(uri, cache_dir=str(tmp_path), verify_checksums=False)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: [a.to_pylist() for a in _answers(conn)], range(4)))
+    assert all(g == want for g in got)
