@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 import superfile
 from superfile.errors import SuperfileError
+from superfile.io.cache import DEFAULT_BUDGET_BYTES
 from superfile.remote.wire import json_default
 
 __all__ = ["main"]
@@ -258,6 +259,8 @@ def _serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     max_body_bytes: int = 64 << 20,
+    cache_dir: str | None = None,
+    cache_budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> None:
     """Run the REST gateway in embedded mode over ``uri`` until interrupted (``api_keys`` as in SUPERFILE_API_KEYS)."""
     try:
@@ -278,6 +281,8 @@ def _serve(
             host=host,
             port=port,
             max_body_bytes=max_body_bytes,
+            cache_dir=cache_dir,
+            cache_budget_bytes=cache_budget_bytes,
         )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -296,6 +301,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         host=args.host,
         port=args.port,
         max_body_bytes=args.max_body_bytes,
+        cache_dir=args.cache_dir,
+        cache_budget_bytes=args.cache_budget_bytes,
     )
 
 
@@ -379,6 +386,8 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--max-body-bytes", type=int, default=64 << 20, help="larger request bodies get 413")
+    sv.add_argument("--cache-dir", help="disk cache of superfiles read from s3:// (default: under TMPDIR)")
+    sv.add_argument("--cache-budget-bytes", type=int, default=DEFAULT_BUDGET_BYTES, help="its size on disk (0: none)")
     sv.add_argument(
         "--no-auth",
         action="store_true",

@@ -80,3 +80,15 @@ def test_module_entry_point_no_auth(tmp_path: Path) -> None:
         assert httpx.get(f"{url}/tables").json() == {"tables": []}
     missing = subprocess.run([sys.executable, "-m", "superfile_gateway"], env=_env(), capture_output=True, timeout=60)
     assert missing.returncode == 2 and b"SUPERFILE_STORAGE" in missing.stderr
+
+
+def test_serve_over_s3_reads_through_its_cache_dir(s3_uri: str, tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cache = tmp_path / "cache"
+    cmd = [SUPERFILE, "serve", s3_uri, "--port", str(port), "--no-auth", "--cache-dir", str(cache)]
+    with _running(cmd, _env(), url), superfile.connect(url) as db:
+        table = db.create_table("notes", data=[{"n": 1, "text": "cached by the gateway"}], fts_columns=["text"])
+        assert table.bm25_search("text", "cached", projection=["n"]).column("n").to_pylist() == [1]
+        assert table.stats()["cache_resident_superfiles"] == 1
+    assert len(list((cache / "superfiles").iterdir())) == 1
