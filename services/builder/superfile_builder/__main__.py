@@ -155,8 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         topic_prefix=args.topic_prefix,
         compaction=CompactionPolicy(args.compact_small_files, args.compact_target_rows),
     )
-    cache = {"cache_dir": args.cache_dir, "cache_budget_bytes": args.cache_budget_bytes}
-    cache["cache_memory_bytes"] = args.cache_memory_bytes
+    cache = {name: getattr(args, name) for name in ("cache_dir", "cache_budget_bytes", "cache_memory_bytes")}
     builder = Builder(
         args.storage,
         config,

@@ -65,7 +65,6 @@ _BLOCK = 1 << 20  # granularity of what a filling copy records as present
 
 @dataclass
 class _Mapping:
-    path: str
     ref: weakref.ref[mmap.mmap]  # gone with the last reader using it
     size: int
     last_use: float
@@ -97,7 +96,7 @@ class DiskCache:
         self._guard = threading.Lock()
         self._fetching: dict[str, threading.Lock] = {}
         self._touched: dict[str, float] = {}
-        self._mapped: list[_Mapping] = []
+        self._mapped: dict[str, list[_Mapping]] = {}  # copy -> this process's mappings of it (memory budget)
         self.prefetch = True  # fill a copy opened by open_filling in the background (else only what is read)
         self.ranged_bytes = 0  # bytes fetched by ranged reads for readers of filling copies
 
@@ -133,11 +132,15 @@ class DiskCache:
                     os.unlink(part)
                 with self._guard:  # later openers find the copy (or, after a failure, try again)
                     self._fetching.pop(local, None)
-            with self._guard:
-                self.fetches += 1
-                self._touched[local] = time.monotonic()
-        self.evict(keep=local)
+        self._arrived(local)
         return local
+
+    def _arrived(self, local: str) -> None:
+        """A whole copy was just put in place: count it, record its use, and make room for it."""
+        with self._guard:
+            self.fetches += 1
+            self._touched[local] = time.monotonic()
+        self.evict(keep=local)
 
     def discard(self, storage: Storage, key: str) -> None:
         """Remove the copy of ``key`` (one found damaged); the next :meth:`fetch` downloads it again."""
@@ -199,29 +202,29 @@ class DiskCache:
     def _register(self, local: str, mapped: mmap.mmap) -> pa.Buffer:
         if self.memory_budget_bytes is not None:
             with self._guard:
-                self._mapped.append(_Mapping(local, weakref.ref(mapped), len(mapped), time.monotonic()))
+                self._mapped.setdefault(local, []).append(_Mapping(weakref.ref(mapped), len(mapped), time.monotonic()))
             self._bound_memory(keep=local)
         return pa.py_buffer(mapped)
 
     def mapped_bytes(self) -> int:
         """Bytes of this process's live mappings not advised out since their last use (0 without a budget)."""
         with self._guard:
-            return sum(m.size for m in self._mapped if not m.advised and m.ref() is not None)
+            return sum(m.size for ms in self._mapped.values() for m in ms if not m.advised and m.ref() is not None)
 
     def touch(self, storage: Storage, key: str) -> None:
         """Record a use of ``key``'s copy (an open reader's query): eviction from disk and from memory takes
         colder copies first."""
         local = self.path(storage, key)
-        self._use(local)
-        if self.memory_budget_bytes is None:
-            return
-        now, returned = time.monotonic(), False
+        now = time.monotonic()
         with self._guard:
-            for m in self._mapped:
-                if m.path == local:
-                    m.last_use = now
-                    returned |= m.advised
-                    m.advised = False
+            fresh = now - self._touched.get(local, -_TOUCH_EVERY) < _TOUCH_EVERY
+            returned = False
+            for m in self._mapped.get(local, ()):
+                m.last_use = now
+                returned |= m.advised
+                m.advised = False
+        if not fresh:  # a query runs per superfile: refresh the copy's time on disk only every few seconds
+            self._use(local)
         if returned:  # its pages are faulting back in: make room among the others
             self._bound_memory(keep=local)
 
@@ -229,14 +232,15 @@ class DiskCache:
         budget = self.memory_budget_bytes
         assert budget is not None
         with self._guard:
-            self._mapped = [m for m in self._mapped if m.ref() is not None]
-            resident = sorted((m for m in self._mapped if not m.advised), key=lambda m: m.last_use)
-            total = sum(m.size for m in resident)
-            for m in resident:
+            live = {p: [m for m in ms if m.ref() is not None] for p, ms in self._mapped.items()}
+            self._mapped = {p: ms for p, ms in live.items() if ms}
+            total = sum(m.size for ms in self._mapped.values() for m in ms if not m.advised)
+            others = (m for p, ms in self._mapped.items() if p != keep for m in ms if not m.advised)
+            for m in sorted(others, key=lambda m: m.last_use):
                 if total <= budget:
                     break
                 mapped = m.ref()
-                if m.path == keep or mapped is None:
+                if mapped is None:
                     continue
                 mapped.madvise(mmap.MADV_DONTNEED)  # file-backed: the pages come back from disk on use
                 m.advised = True
@@ -303,10 +307,7 @@ class _Filling:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.part)
             return
-        with self.cache._guard:
-            self.cache.fetches += 1
-            self.cache._touched[self.local] = time.monotonic()
-        self.cache.evict(keep=self.local)
+        self.cache._arrived(self.local)
 
     def _fetch(self, first: int, last: int, *, ranged: bool) -> None:
         offset = first * _BLOCK
@@ -334,13 +335,14 @@ def _close(fd: list[int]) -> None:
         os.close(fd.pop())
 
 
+_FILL_QUEUE: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+_FILL_WORKERS: list[threading.Thread] = []
+_FILL_LOCK = threading.Lock()
+
+
 def _fill_worker() -> None:
     while True:
         _FILL_QUEUE.get()()
-
-
-_FILL_QUEUE: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-_FILL_WORKERS: list[threading.Thread] = []
 
 
 def _start_fill(job: Callable[[], None]) -> None:
@@ -352,9 +354,6 @@ def _start_fill(job: Callable[[], None]) -> None:
             worker.start()
             _FILL_WORKERS.append(worker)
     _FILL_QUEUE.put(job)
-
-
-_FILL_LOCK = threading.Lock()
 
 
 def _runs(blocks: list[int], most: int | None = None) -> list[tuple[int, int]]:
