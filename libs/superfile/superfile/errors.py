@@ -8,6 +8,7 @@ to one HTTP status (see ``http_status``).
 from __future__ import annotations
 
 __all__ = [
+    "CommitStateUnknownError",
     "ContentionError",
     "CorruptSuperfileError",
     "InvalidInputError",
@@ -23,6 +24,7 @@ __all__ = [
     "SqlError",
     "StorageError",
     "SuperfileError",
+    "SuperfileMissingError",
     "TableExistsError",
     "TableNotFoundError",
     "UnknownColumnError",
@@ -124,6 +126,27 @@ class PreconditionFailedError(StorageError):
     """A conditional write lost: the object exists (create-only) or changed (compare-and-swap)."""
 
     http_status = 409
+
+
+class CommitStateUnknownError(StorageError):
+    """A commit's pointer swap got no usable answer and storage could not be read back to tell whether it
+    landed. It may be visible now or later: retry with the same idempotency key (a retry then commits at
+    most once), or look for ``manifest`` in the table's history (``versions()``) once storage answers."""
+
+    def __init__(self, message: str, *, table: str = "", manifest: str = "", version: int = 0) -> None:
+        super().__init__(message)
+        self.table = table  # the table's storage URI
+        self.manifest = manifest  # the manifest the commit published, if it landed (the newest attempt)
+        self.version = version  # the version it would have been
+
+
+class SuperfileMissingError(StorageError):
+    """A superfile the manifest references is not in storage (removed out of band, or by a cleanup whose
+    safety margin was shorter than a reader's snapshot)."""
+
+    def __init__(self, path: str, *, table: str) -> None:
+        super().__init__(f"superfile {path!r} of table {table!r} is missing from storage")
+        self.path = path
 
 
 class ShortReadError(StorageError):

@@ -12,6 +12,11 @@ superfile *and* by ``_id``: when the superfile is gone from the newer manifest
 update moved it), ``Change.rebase`` finds the live row carrying that ``_id``
 and the delete applies to it. A rewrite (``optimize``) that finds rows newly
 deleted from its inputs moves those deletes onto its outputs (``Change.carry``).
+
+A lost answer never commits twice: objects are created with ``io.write_new``
+(a retry that meets its own bytes is success), and a pointer swap that failed
+is first looked for in the history before anything is re-applied
+(``publish_with``); see docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -24,7 +29,13 @@ from typing import Any
 import numpy as np
 import pyroaring
 
-from superfile.errors import ContentionError, PreconditionFailedError, TableNotFoundError
+from superfile.errors import (
+    CommitStateUnknownError,
+    ContentionError,
+    PreconditionFailedError,
+    StorageError,
+    TableNotFoundError,
+)
 from superfile.manifest.model import (
     DeletionRef,
     HistoryEntry,
@@ -314,25 +325,92 @@ def publish_with(
     base: tuple[Pointer, str] | None = None,
 ) -> tuple[str, ManifestList]:
     """The guarded commit: ``successor(current, current_path)`` (which writes what it references) becomes
-    the next version if the pointer still names ``current``; otherwise it is rebuilt on the newer one."""
+    the next version if the pointer still names ``current``; otherwise it is rebuilt on the newer one.
+
+    A swap that fails may still have landed: its answer was lost, or the storage client retried it and the
+    retry met the pointer our own first try had moved (412). So every failed swap is resolved before it is
+    retried: if the history since the swap's base names a manifest this commit wrote, that attempt is the
+    commit (re-applying would commit twice). A swap whose answer was lost while the pointer still names its
+    base may land later: it stays a candidate for every later check. When storage cannot be read to decide,
+    or the last attempt's fate is open, :class:`CommitStateUnknownError` says what to look for.
+    """
+    written: dict[str, ManifestList] = {}  # manifests whose swap failed but may have landed
+    open_bases: set[str] = set()  # bases of swaps that got no answer: while the pointer names one, they may land
     for attempt in range(max_attempts):
-        pointer, etag = base if base is not None else store.read_pointer()
-        base = None
-        if pointer.table_uuid != table_uuid:
-            raise TableNotFoundError("the table was dropped and re-created while this change was staged")
-        current = store.load_list(pointer.manifest)
-        ml = successor(current, pointer.manifest)
-        path = ml.history[-1].manifest
-        store.write_list(ml, path)
+        try:
+            pointer, etag = base if base is not None else store.read_pointer()
+            base = None
+            if pointer.table_uuid != table_uuid:
+                raise TableNotFoundError("the table was dropped and re-created while this change was staged")
+            current = store.load_list(pointer.manifest)
+            ml = successor(current, pointer.manifest)
+            path = ml.history[-1].manifest
+            store.write_list(ml, path)
+        except StorageError as err:
+            if not open_bases:
+                raise  # every earlier swap was refused for good: nothing committed
+            landed, _ = _landed(store, written)
+            if landed is not None:
+                return landed, written[landed]
+            raise _unknown(store, written, f"storage failed while retrying: {err}") from err
         try:
             store.swap_pointer(Pointer(ml.version, path, ml.table_uuid), etag)
             return path, ml
-        except PreconditionFailedError:
-            # A retried conditional put whose first response was lost reports 412 although it won:
-            # the pointer then names our own manifest, and re-applying would commit twice.
-            if store.read_pointer()[0].manifest == path:
-                return path, ml
-            backoff(attempt)
+        except TableNotFoundError:
+            raise
+        except StorageError as err:
+            written[path] = ml
+            if not isinstance(err, PreconditionFailedError):
+                open_bases.add(pointer.manifest)
+        landed, head = _landed(store, written)
+        if landed is not None:
+            return landed, written[landed]
+        if head.manifest not in open_bases:  # the pointer moved past every unanswered swap: none can land now
+            open_bases.clear()
+        backoff(attempt)
+    if open_bases:
+        raise _unknown(store, written, "its last pointer swap got no answer and has not landed yet")
     raise ContentionError(
         f"commit lost the publish race {max_attempts} times; too many concurrent writers on this table"
+    )
+
+
+_RESOLVE_ATTEMPTS = 6  # reads of the pointer and history to decide a failed swap (about 1.5 s of backoff)
+
+
+def _landed(store: ManifestStore, written: dict[str, ManifestList]) -> tuple[str | None, Pointer]:
+    """Which of ``written`` is in the table's history now (None: none), and the pointer read to tell."""
+    oldest = min(ml.version for ml in written.values())
+    for attempt in range(_RESOLVE_ATTEMPTS):
+        try:
+            pointer, _ = store.read_pointer()
+            if pointer.manifest in written:
+                return pointer.manifest, pointer
+            if pointer.version < oldest:
+                return None, pointer
+            head = store.load_list(pointer.manifest)
+            for entry in reversed(head.history):
+                if entry.version < oldest:
+                    break
+                if entry.manifest in written:
+                    return entry.manifest, pointer
+            return None, pointer
+        except TableNotFoundError:
+            raise
+        except StorageError as err:
+            if attempt + 1 == _RESOLVE_ATTEMPTS:
+                raise _unknown(store, written, f"storage failed while checking the history: {err}") from err
+            backoff(attempt, base=0.05, cap=1.0)
+    raise AssertionError("unreachable")
+
+
+def _unknown(store: ManifestStore, written: dict[str, ManifestList], why: str) -> CommitStateUnknownError:
+    path, ml = next(reversed(written.items()))
+    return CommitStateUnknownError(
+        f"commit state unknown for table {store.storage.uri!r}: {why}. It committed if the table's history "
+        f"names manifest {path!r} (as version {ml.version} or later); retry with the same idempotency key to "
+        "commit it at most once",
+        table=store.storage.uri,
+        manifest=path,
+        version=ml.version,
     )

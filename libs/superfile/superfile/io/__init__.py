@@ -9,17 +9,32 @@ escape that root. Every backend gives the same guarantees:
   (S3 ``If-None-Match: *`` / ``If-Match: <etag>``; local disk and memory use
   their own atomic mechanisms) raising :class:`PreconditionFailedError`.
 - ``write`` makes the whole object visible at once or not at all.
+
+A conditional write's answer can be lost after the object was stored (a
+dropped connection, a 5xx from a proxy); :func:`write_new` is the create-only
+write that survives that, and ``commit/publish.py`` resolves a pointer swap
+whose answer was lost.
 """
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from superfile.errors import InvalidInputError, InvalidOptionError
+from superfile.errors import (
+    InvalidInputError,
+    InvalidOptionError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StorageError,
+)
 
-__all__ = ["ObjectInfo", "Storage", "from_uri"]
+__all__ = ["ObjectInfo", "Storage", "from_uri", "write_new"]
+
+WRITE_ATTEMPTS = 3  # tries of one create-only write whose answers were lost (on top of the S3 client's own)
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,37 @@ class Storage(Protocol):
     def local_path(self, path: str) -> str | None: ...
 
     def child(self, prefix: str) -> Storage: ...
+
+    def purge_incomplete(self, before: float) -> int:
+        """Remove what writes interrupted before ``before`` (epoch seconds) left below this root (temporary
+        files of killed writers, unfinished multipart uploads); returns how many."""
+        ...
+
+
+def write_new(storage: Storage, path: str, data: bytes) -> str:
+    """Create ``path`` holding ``data``; returns its etag. Survives a lost answer.
+
+    A create whose answer was lost is tried again. A try (this one's, or the
+    S3 client's own retry) that meets an object holding exactly ``data`` met
+    our own earlier create, so it is success: every object written this way
+    has a fresh unique name, so no one else writes those bytes there. Any
+    other object there is a real conflict: :class:`PreconditionFailedError`.
+    """
+    for attempt in range(WRITE_ATTEMPTS):
+        try:
+            return storage.write_if_absent(path, data)
+        except PreconditionFailedError:
+            existing, etag = storage.read_with_etag(path)
+            if existing == data:
+                return etag
+            raise
+        except ObjectNotFoundError:
+            raise
+        except StorageError:
+            if attempt + 1 == WRITE_ATTEMPTS:
+                raise
+            time.sleep(random.uniform(0, 0.05 * 2**attempt))
+    raise AssertionError("unreachable")
 
 
 def check_key(key: str) -> str:

@@ -239,6 +239,20 @@ class LocalStorage:
     def local_path(self, path: str) -> str | None:
         return self._path(path)
 
+    def purge_incomplete(self, before: float) -> int:
+        """Delete the temp files of writes killed before ``before`` (a live write's is younger)."""
+        removed = 0
+        for dirpath, _, filenames in os.walk(self._root):
+            for name in filenames:
+                if not _is_temp(name):
+                    continue
+                path = os.path.join(dirpath, name)
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(path).st_mtime < before:
+                        os.unlink(path)
+                        removed += 1
+        return removed
+
     def child(self, prefix: str) -> LocalStorage:
         sub = check_key(prefix.removesuffix("/"))
         return LocalStorage(os.path.join(self._root, *sub.split("/")), fsync=self._fsync)

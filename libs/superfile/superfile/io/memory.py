@@ -139,6 +139,10 @@ class MemoryStorage:
         check_key(path)
         return None
 
+    def purge_incomplete(self, before: float) -> int:
+        """Nothing to purge: a memory write is never left half done."""
+        return 0
+
     def child(self, prefix: str) -> MemoryStorage:
         sub = check_key(prefix.removesuffix("/"))
         return MemoryStorage(f"{self._name}/{self._root}/{sub}" if self._root else f"{self._name}/{sub}")

@@ -353,6 +353,22 @@ class S3Storage:
         check_key(path)
         return None
 
+    def purge_incomplete(self, before: float) -> int:
+        """Abort multipart uploads below this prefix that were started before ``before`` (a writer killed
+        mid-upload leaves its parts stored, and billed, until the upload is aborted)."""
+        base = f"{self._prefix}/" if self._prefix else ""
+        aborted = 0
+        with self._errors("LIST uploads", "."):
+            pages = self._client.get_paginator("list_multipart_uploads").paginate(Bucket=self._bucket, Prefix=base)
+            for page in pages:
+                for upload in page.get("Uploads", []):
+                    if upload["Initiated"].timestamp() < before:
+                        self._client.abort_multipart_upload(
+                            Bucket=self._bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                        )
+                        aborted += 1
+        return aborted
+
     def child(self, prefix: str) -> S3Storage:
         sub = check_key(prefix.removesuffix("/"))
         clone = copy.copy(self)  # shares the client, its connection pool and the options

@@ -22,8 +22,13 @@ import pyarrow as pa
 import pyroaring
 
 from superfile._lru import LRU
-from superfile.errors import ContentionError, ObjectNotFoundError, PreconditionFailedError, TableNotFoundError
-from superfile.io import Storage
+from superfile.errors import (
+    ContentionError,
+    ObjectNotFoundError,
+    StorageError,
+    TableNotFoundError,
+)
+from superfile.io import Storage, write_new
 from superfile.manifest.model import ManifestList, PartRef, Pointer, SuperfileEntry
 
 __all__ = ["POINTER", "ManifestStore", "backoff"]
@@ -56,7 +61,7 @@ class ManifestStore:
         return Pointer.from_json(json.loads(data)), etag
 
     def create_pointer(self, pointer: Pointer) -> None:
-        self.storage.write_if_absent(POINTER, json.dumps(pointer.to_json()).encode())
+        write_new(self.storage, POINTER, json.dumps(pointer.to_json()).encode())
 
     def swap_pointer(self, pointer: Pointer, etag: str) -> None:
         """Publish: raises PreconditionFailedError if another commit landed since ``etag`` was read."""
@@ -79,7 +84,11 @@ class ManifestStore:
             try:
                 self.storage.write_if_match(SEQUENCE, json.dumps({"next_id": start + count}).encode(), etag)
                 return start
-            except PreconditionFailedError:
+            except ObjectNotFoundError:
+                raise TableNotFoundError(f"table at {self.storage.uri!r} was dropped") from None
+            except StorageError:
+                # Lost or refused: either way reserve afresh. A reservation that landed unseen only leaves
+                # a gap in the _ids, never a reuse.
                 backoff(attempt)
         raise ContentionError(f"could not reserve ids after {max_attempts} attempts: too many concurrent writers")
 
@@ -93,7 +102,7 @@ class ManifestStore:
         return f"_manifests/{version:020d}-{uuid.uuid4().hex}.json"
 
     def write_list(self, ml: ManifestList, path: str) -> None:
-        self.storage.write_if_absent(path, json.dumps(ml.to_json(), separators=(",", ":")).encode())
+        write_new(self.storage, path, json.dumps(ml.to_json(), separators=(",", ":")).encode())
 
     # -- parts -----------------------------------------------------------------
     def load_part(self, ref: PartRef, schema: pa.Schema) -> list[SuperfileEntry]:
@@ -113,7 +122,7 @@ class ManifestStore:
             out.write(raw)
         data = sink.getvalue().to_pybytes()
         path = f"_manifests/parts/{uuid.uuid4().hex}.json.zst"
-        self.storage.write_if_absent(path, data)
+        write_new(self.storage, path, data)
         self._parts.get_or_load(path, lambda: list(entries))
         return path, len(data)
 
@@ -124,5 +133,5 @@ class ManifestStore:
 
     def write_deletes(self, bitmap: pyroaring.AbstractBitMap) -> str:
         path = f"_deletions/{uuid.uuid4().hex}.roar"
-        self.storage.write_if_absent(path, bitmap.serialize())
+        write_new(self.storage, path, bitmap.serialize())
         return path

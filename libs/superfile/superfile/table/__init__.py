@@ -296,18 +296,20 @@ class Supertable:
         assert tx.commit_version is not None
         return tx.commit_version
 
-    def delete(self, where: str) -> int:
+    def delete(self, where: str, *, idempotency_key: str | None = None) -> int:
         """Delete every row matching the SQL predicate; returns the new version. The predicate is resolved
-        on the current snapshot; rows a concurrent commit moved meanwhile (``optimize``) are followed."""
+        on the current snapshot; rows a concurrent commit moved meanwhile (``optimize``) are followed.
+        A repeated ``idempotency_key`` deletes nothing and returns the version that committed it."""
         with self.transaction() as tx:
-            tx.delete(where)
+            tx.delete(where, idempotency_key=idempotency_key)
         assert tx.commit_version is not None
         return tx.commit_version
 
-    def update(self, where: str, data: Any) -> int:
-        """Replace the rows matching ``where`` 1:1 (in ``_id`` order) by ``data``, keeping their ``_id``."""
+    def update(self, where: str, data: Any, *, idempotency_key: str | None = None) -> int:
+        """Replace the rows matching ``where`` 1:1 (in ``_id`` order) by ``data``, keeping their ``_id``.
+        A repeated ``idempotency_key`` changes nothing and returns the version that committed it."""
         with self.transaction() as tx:
-            tx.update(where, data)
+            tx.update(where, data, idempotency_key=idempotency_key)
         assert tx.commit_version is not None
         return tx.commit_version
 
@@ -331,9 +333,10 @@ class Supertable:
         wrote them, so the margin must exceed the longest commit."""
         return _cleanup.cleanup(self, older_than, dry_run=dry_run, safety_margin=safety_margin)
 
-    def restore(self, version: int) -> int:
-        """Publish a retained version's contents as the newest version; returns the new version."""
-        return _history.restore(self, version)
+    def restore(self, version: int, *, idempotency_key: str | None = None) -> int:
+        """Publish a retained version's contents as the newest version; returns the new version. A repeated
+        ``idempotency_key`` publishes nothing and returns the version that committed it."""
+        return _history.restore(self, version, idempotency_key)
 
     def changes(
         self, from_version: int, to_version: int | None = None, *, columns: list[str] | None = None

@@ -147,13 +147,17 @@ def cleanup(
     removed = {kind: 0 for _, kind in _KINDS}
     for info in doomed:
         removed[_kind(info.path) or ""] += 1
+    incomplete = 0
     if not dry_run:
         list(query_pool().map(lambda info: storage.delete(info.path), doomed))
+        # what killed writers left half written (temp files, multipart uploads), by the same margin
+        incomplete = storage.purge_incomplete(files_before_ms / 1000)
     return {
         "oldest_version": retained[0].version,
         "retained_versions": len(retained),
         "files_removed": len(doomed),
         "bytes_removed": sum(i.size for i in doomed),
         "removed": removed,
+        "incomplete_removed": incomplete,
         "dry_run": dry_run,
     }

@@ -21,6 +21,7 @@ from superfile.errors import InvalidInputError, ObjectNotFoundError, Preconditio
 from superfile.io import Storage
 from superfile.manifest.model import HistoryEntry, ManifestList, now_ms
 from superfile.table.changes import id_delta
+from superfile.table.idempotency import AlreadyCommitted, check_key, committed_version, record_new
 from superfile.table.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def to_ms(as_of: datetime.datetime | int | float) -> int:
     raise InvalidInputError(f"as_of must be a datetime or finite epoch milliseconds, got {as_of!r}")
 
 
-def restore(table: Supertable, version: int) -> int:
+def restore(table: Supertable, version: int, idempotency_key: str | None = None) -> int:
     """Publish the contents of a retained ``version`` as the newest version (operation ``restore``).
 
     Metadata only: the new manifest references the old version's manifest
@@ -89,15 +90,20 @@ def restore(table: Supertable, version: int) -> int:
     A commit that lands while the restore is staged is overwritten too (the
     restore rebuilds on it and still publishes the old contents). The history
     entry counts rows by ``_id``: added = ``_id``s live after but not before.
+    A repeated ``idempotency_key`` publishes nothing and returns the version that committed it.
     """
     target_entry = table._history_entry(check_version(version))
     files = table._files
     store = files.manifests
+    keys = [check_key(idempotency_key)] if idempotency_key is not None else []
     try:
         target = store.load_list(target_entry.manifest)
     except ObjectNotFoundError:
         raise VersionNotFoundError(f"table {table.name!r} version {version} is no longer retained") from None
     snap, pointer = table._writable_snapshot()
+    done = committed_version(files.storage, snap.manifest.properties, keys)
+    if done is not None:
+        return done
     if snap.manifest.parts == target.parts:
         return snap.version
     target_snap = Snapshot(files, target_entry.manifest, target)
@@ -121,15 +127,18 @@ def restore(table: Supertable, version: int) -> int:
             options=current.options,
             parts=target.parts,
             history=(*current.history, entry),
-            properties=dict(current.properties),
+            properties={**current.properties, **(record_new(files.storage, current, keys) if keys else {})},
         )
 
-    path, manifest = publish_with(
-        store,
-        snap.manifest.table_uuid,
-        successor,
-        max_attempts=snap.manifest.options.commit_max_attempts,
-        base=pointer,
-    )
+    try:
+        path, manifest = publish_with(
+            store,
+            snap.manifest.table_uuid,
+            successor,
+            max_attempts=snap.manifest.options.commit_max_attempts,
+            base=pointer,
+        )
+    except AlreadyCommitted as repeat:  # a concurrent request with the same key committed first
+        return max(repeat.keys.values())
     table._published(path, manifest)
     return manifest.version

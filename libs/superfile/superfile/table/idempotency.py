@@ -30,7 +30,8 @@ from typing import Any
 
 from superfile._lru import LRU
 from superfile.errors import InvalidInputError, SuperfileError
-from superfile.io import Storage
+from superfile.io import Storage, write_new
+from superfile.manifest.model import ManifestList
 
 __all__ = [
     "BLOCK_KEYS",
@@ -43,6 +44,7 @@ __all__ = [
     "committed_keys",
     "committed_version",
     "record",
+    "record_new",
 ]
 
 PROPERTY = "idempotency_keys"
@@ -106,7 +108,16 @@ def record(storage: Storage, properties: Mapping[str, Any], keys: Iterable[str],
     # the open block grows until full; then a new block starts
     block = {**_load(storage, refs.pop()[0]), **new} if refs and refs[-1][1] + len(new) <= BLOCK_KEYS else new
     path = f"{PREFIX}{uuid.uuid4().hex}.json"
-    storage.write_if_absent(path, json.dumps({"keys": block}, separators=(",", ":")).encode())
+    write_new(storage, path, json.dumps({"keys": block}, separators=(",", ":")).encode())
     _blocks.get_or_load(f"{storage.uri}#{path}", lambda: block)
     refs.append([path, len(block)])
     return refs[-MAX_BLOCKS:]
+
+
+def record_new(storage: Storage, current: ManifestList, keys: list[str]) -> dict[str, Any]:
+    """The properties a commit of ``keys`` on top of ``current`` adds; raises :class:`AlreadyCommitted` when
+    ``current`` (a concurrent commit, or this one's own earlier attempt) has some of them already."""
+    done = committed_keys(storage, current.properties, keys)
+    if done:
+        raise AlreadyCommitted(done)
+    return {PROPERTY: record(storage, current.properties, keys, current.version + 1)}

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyroaring
 
 from superfile._lru import LRU
-from superfile.errors import CorruptSuperfileError
+from superfile.errors import CorruptSuperfileError, ObjectNotFoundError, SuperfileMissingError
 from superfile.expressions import Predicate
 from superfile.format import SuperfileReader
 from superfile.format.reader import DEFAULT_CACHE_DIR
@@ -106,7 +106,13 @@ class TableFiles:
                 log.warning("disk cache %s: %s; reading %s into memory", cache.directory, e, entry.path)
                 return opened(self.storage.read(entry.path))
 
-        reader, loaded = self._readers.get_or_load(entry.path, load)
+        def load_or_name_missing() -> SuperfileReader:
+            try:
+                return load()
+            except (FileNotFoundError, ObjectNotFoundError):
+                raise SuperfileMissingError(entry.path, table=self.storage.uri) from None
+
+        reader, loaded = self._readers.get_or_load(entry.path, load_or_name_missing)
         if not loaded and self.disk_cache is not None:
             self.disk_cache.touch(self.storage, entry.path)
         return reader

@@ -14,13 +14,12 @@ from superfile.commit.build import build_shards
 from superfile.commit.publish import Change, Deletion, publish
 from superfile.commit.shard import shard
 from superfile.commit.stage import WriteBuffer
-from superfile.errors import InvalidInputError, SuperfileError
+from superfile.errors import ContentionError, InvalidInputError, SuperfileError
 from superfile.expressions import Predicate, parse_predicate
 from superfile.manifest.model import ManifestList, Pointer, SuperfileEntry
 from superfile.pools import build_pool
 from superfile.schema import ID, coerce
-from superfile.table.idempotency import PROPERTY as KEYS_PROPERTY
-from superfile.table.idempotency import AlreadyCommitted, check_key, committed_keys, committed_version, record
+from superfile.table.idempotency import AlreadyCommitted, check_key, committed_version, record_new
 from superfile.table.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -53,6 +52,7 @@ class Transaction:
         self._operations: list[str] = []
         self._properties: dict[str, Any] = {}
         self._keys: dict[str, tuple[int, int]] = {}  # idempotency key -> (first _id, rows) of its append
+        self._op_keys: list[str | None] = []  # each staged append, delete and update's key (None: none), in order
         self._known: int | None = None  # newest version that committed a key an append here repeated
         self._replaced: list[np.ndarray] = []  # _ids of rows updates replaced (their replacements carry them)
         self._done = False
@@ -64,45 +64,43 @@ class Transaction:
         commit (or an earlier append of this transaction) already has it, this append stages nothing and
         returns 0 (see ``table/idempotency.py`` for the retention). Other staged work is unaffected."""
         self._check_open()
-        key = None
-        if idempotency_key is not None:
-            key = check_key(idempotency_key)
-            if key in self._keys:
-                return 0
-            done = committed_version(self._table._files.storage, self._base.manifest.properties, [key])
-            if done is not None:
-                self._known = max(self._known or 0, done)
-                return 0
+        if self._repeated(idempotency_key):
+            return 0
         rows = coerce(data, self._schema, self._options)
         if rows.num_rows:
             first = self._table._files.manifests.reserve_ids(rows.num_rows, self._options.commit_max_attempts)
             self._stage(rows, first)
-            self._operations.append("append")
-            if key is not None:
-                self._keys[key] = (first, rows.num_rows)
+            self._staged("append", idempotency_key)
+            if idempotency_key is not None:
+                self._keys[idempotency_key] = (first, rows.num_rows)
         return rows.num_rows
 
-    def delete(self, where: str) -> int:
-        """Stage the removal of every row matching ``where``; returns how many."""
+    def delete(self, where: str, idempotency_key: str | None = None) -> int:
+        """Stage the removal of every row matching ``where``; returns how many. A repeated
+        ``idempotency_key`` stages nothing and returns 0, as for ``append``."""
         self._check_open()
         predicate = self._predicate(where)
+        if self._repeated(idempotency_key):
+            return 0
         deleted = self._take_matches(predicate)
-        self._operations.append("delete")
+        self._staged("delete", idempotency_key)
         return len(deleted)
 
-    def update(self, where: str, data: Any) -> int:
+    def update(self, where: str, data: Any, idempotency_key: str | None = None) -> int:
         """Replace the rows matching ``where``, in ``_id`` order, by the rows of ``data`` (same count).
-        The replaced rows keep their ``_id``."""
+        The replaced rows keep their ``_id``. A repeated ``idempotency_key`` stages nothing and returns 0."""
         self._check_open()
         predicate = self._predicate(where)
         rows = coerce(data, self._schema, self._options)
+        if self._repeated(idempotency_key):
+            return 0
         count = self._base.count(predicate) + self._count_staged(predicate)
         if rows.num_rows != count:
             raise InvalidInputError(f"update matched {count} rows but {rows.num_rows} replacement rows were given")
         ids = np.sort(self._take_matches(predicate))
         self._replaced.append(ids)
         self._buffer.add(rows.add_column(0, self._schema.field(ID), pa.array(ids, pa.uint64())))
-        self._operations.append("update")
+        self._staged("update", idempotency_key)
         return rows.num_rows
 
     def set_properties(self, **properties: Any) -> None:
@@ -128,6 +126,14 @@ class Transaction:
                 )
             except AlreadyCommitted as done:  # concurrent commits recorded some keys first: drop those appends
                 self._known = max(self._known or 0, *done.keys.values())
+                if any(k in done.keys and k not in self._keys for k in self._op_keys):  # a keyed delete or update
+                    if all(k is not None and k in done.keys for k in self._op_keys):
+                        self.commit_version = self._known  # the whole transaction is a repeat: nothing to do
+                        return self.commit_version
+                    raise ContentionError(
+                        "a concurrent commit recorded the idempotency key of a delete or update staged here "
+                        "beside other work; nothing was committed"
+                    ) from None
                 self._drop_keyed(done.keys)
                 base = None
                 continue
@@ -162,21 +168,19 @@ class Transaction:
             properties=self._properties,
             precondition=self._precondition,
             rebase=self._rebase,
-            derive_properties=self._record_keys if self._keys else None,
+            derive_properties=self._record_keys if any(k is not None for k in self._op_keys) else None,
         )
 
     def _record_keys(self, current: ManifestList) -> dict[str, Any]:
         """Run by publish against the manifest it builds on: abort if a key is there, else record them."""
-        storage = self._table._files.storage
-        done = committed_keys(storage, current.properties, self._keys)
-        if done:
-            raise AlreadyCommitted(done)
-        return {KEYS_PROPERTY: record(storage, current.properties, list(self._keys), current.version + 1)}
+        return record_new(self._table._files.storage, current, [k for k in self._op_keys if k is not None])
 
     def _drop_keyed(self, keys: Mapping[str, int]) -> None:
         """Unstage the appends tagged with ``keys`` (their rows, and replacements of them, are in flushed
         superfiles by now): delete them there, and leave out superfiles left without rows."""
         spans = [self._keys.pop(k) for k in keys if k in self._keys]
+        kept = [(op, k) for op, k in zip(self._operations, self._op_keys, strict=True) if k is None or k not in keys]
+        self._operations, self._op_keys = [op for op, _ in kept], [k for _, k in kept]
         ids = np.unique(np.concatenate([np.arange(a, a + n, dtype=np.uint64) for a, n in spans]))
         for d in _holding(self._base, self._flushed, ids, {p: d.rows for p, d in self._deletions.items()}):
             mine = self._deletions.setdefault(d.entry.path, Deletion(d.entry))
@@ -201,6 +205,21 @@ class Transaction:
             return found
         skip = {p: d.rows for p, d in self._deletions.items()}
         return found + _holding(self._base, self._flushed, orphans, skip)
+
+    def _repeated(self, key: str | None) -> bool:
+        """True when ``key`` was staged here already or committed before the base (then remembered as known)."""
+        if key is None:
+            return False
+        if check_key(key) in self._op_keys:
+            return True
+        done = committed_version(self._table._files.storage, self._base.manifest.properties, [key])
+        if done is not None:
+            self._known = max(self._known or 0, done)
+        return done is not None
+
+    def _staged(self, operation: str, key: str | None) -> None:
+        self._operations.append(operation)
+        self._op_keys.append(key)
 
     def _check_open(self) -> None:
         if self._done:
