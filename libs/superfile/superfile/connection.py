@@ -86,15 +86,18 @@ class Connection:
         cache_dir: str | None = None,
         cache_budget_bytes: int = DEFAULT_BUDGET_BYTES,
         cache_memory_bytes: int | None = None,
+        storage: Storage | None = None,
         **storage_options: Any,
     ):
         """``cache_dir``: where full-text indexes are extracted and, on remote storage, superfiles are cached
         (``cache_budget_bytes`` of them on disk, 0 to read each superfile into memory instead;
-        ``cache_memory_bytes`` of their mappings resident, unbounded by default). See docs/storage.md."""
+        ``cache_memory_bytes`` of their mappings resident, unbounded by default). See docs/storage.md.
+        ``storage``: the backend to use instead of the one ``uri`` names (a wrapper around it: fault
+        injection, instrumentation)."""
         self.uri = uri
         if isinstance(cache_budget_bytes, bool) or not isinstance(cache_budget_bytes, int) or cache_budget_bytes < 0:
             raise InvalidOptionError(f"cache_budget_bytes must be an integer >= 0, got {cache_budget_bytes!r}")
-        self._storage: Storage = from_uri(uri, **storage_options)
+        self._storage: Storage = storage if storage is not None else from_uri(uri, **storage_options)
         self._verify = verify_checksums
         self._cache_dir = cache_dir or DEFAULT_CACHE_DIR
         self._disk_cache = (

@@ -3,7 +3,11 @@
 Request-level retries (throttling, 5xx, dropped connections) are botocore's
 standard mode. Reads add their own bounded, jittered retry around the *body*
 as well, because botocore does not retry a response stream cut short; that is
-what keeps ``read_range`` exact-or-error.
+what keeps ``read_range`` exact-or-error. Reads and plain PUTs (idempotent)
+are also retried when a connection closes without an answer after botocore
+gave up (its retry quota runs dry when many answers are lost). Conditional
+PUTs are never retried blindly here: ``io.write_new`` and the commit protocol
+resolve them (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    HTTPClientError,
     IncompleteReadError,
     ResponseStreamingError,
 )
@@ -63,6 +68,7 @@ _TRANSIENT = (
     IncompleteReadError,
     ResponseStreamingError,
     BotoConnectionError,
+    HTTPClientError,  # the connection closed before an answer (botocore stops retrying once its quota is spent)
     urllib3.exceptions.HTTPError,
 )
 
@@ -280,11 +286,15 @@ class S3Storage:
     # -- writes ------------------------------------------------------------
 
     def write(self, path: str, data: bytes) -> str:
+        """A plain PUT is idempotent, so it is retried here too when its answer is lost."""
         key = self._key(path)
-        with self._errors("PUT", path):
+
+        def attempt() -> str:
             if len(data) < self._threshold:
                 return self._client.put_object(Bucket=self._bucket, Key=key, Body=data)["ETag"]
             return self._write_multipart(key, data)
+
+        return self._retrying("PUT", path, attempt)
 
     def _write_multipart(self, key: str, data: bytes) -> str:
         """Upload fixed-size parts in parallel; abort the upload if anything fails."""
