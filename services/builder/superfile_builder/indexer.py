@@ -8,12 +8,13 @@ so it sees them, exactly as the log orders them. The engine builds superfiles
 as the transaction's buffer fills and at commit (sharding, indexes,
 summaries).
 
-An append carrying an ``idempotency_key`` (a caller's
-``append(..., idempotency_key=...)`` sent through the log) is skipped as a
-``duplicate`` when the table already recorded the key (or this batch staged
-it); otherwise it is staged with its key, which the commit records. The
-engine would make a whole transaction a no-op for one known key, so the check
-happens here, per event, after the commit in flight has landed.
+An event carrying an ``idempotency_key`` (a caller's
+``append(..., idempotency_key=...)``, or the gateway's ``Idempotency-Key`` of
+any write, sent through the log) is skipped as a ``duplicate`` when the table
+already recorded the key (or this batch staged it); otherwise it is staged
+with its key, which the commit records. The check happens here, per event,
+after the commit in flight has landed, so a known key never touches the rest
+of the batch. A keyed restore records its key in its own commit.
 
 An event the engine rejects (schema mismatch, bad predicate, an update whose
 replacement rows do not match the row count) is skipped as ``rejected``: the
@@ -135,11 +136,16 @@ class Batch:
             return None
         assert event.where is not None
         self._await_previous()  # the predicate resolves against the table: the batch before must be in it
+        key = event.idempotency_key  # a gateway request key: a retried request's second event is skipped
+        if key is not None:
+            if key in self.keys or self.table.idempotency_version(key) is not None:
+                return DUPLICATE
+            self.keys.add(key)
         if event.op == "delete":
-            self.transaction().delete(event.where)
+            self.transaction().delete(event.where, idempotency_key=key)
         else:
             assert event.data is not None
-            self.transaction().update(event.where, event.data)
+            self.transaction().update(event.where, event.data, idempotency_key=key)
             self.rows += event.data.num_rows
         return None
 
@@ -151,7 +157,7 @@ class Batch:
         if self._guard is not None:
             self._guard()
         try:
-            self.table.restore(event.version)
+            self.table.restore(event.version, idempotency_key=event.idempotency_key)
         except VersionNotFoundError as exc:
             log.error("table %s: rejecting a restore: %s", self.table.name, exc)
             return REJECTED

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, cast
 
 import pyarrow as pa
-from fastapi import Body, Depends, FastAPI, Query, Request
+from fastapi import Body, Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
@@ -498,7 +498,9 @@ _WRITE_BODY = {
 
 
 def _error(status: int, type_name: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"type": type_name, "message": message}}, status_code=status)
+    # 429 and 503 are worth retrying (a write with its Idempotency-Key): say when
+    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    return JSONResponse({"error": {"type": type_name, "message": message}}, status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -533,6 +535,13 @@ Auth = Annotated[Principal, Depends(_principal)]
 ReadAt = Annotated[At, Depends(_at)]
 WaitFor = Annotated[str | None, Query(description="a write's position token: answer once it is visible")]
 Wait = Annotated[bool, Query(description="suite mode: answer once the write is visible (with its version)")]
+RequestKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="the write's request key: a retried request with the same key commits at most once",
+    ),
+]
 
 
 def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAPI:
@@ -677,14 +686,18 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         idempotency_key: Annotated[
             str | None, Query(description="a repeated key adds nothing (the first append's rows stay)")
         ] = None,
+        request_key: RequestKey = None,
     ) -> Response:
         body = await request.body()
+        if idempotency_key is not None and request_key is not None and idempotency_key != request_key:
+            raise InvalidInputError("the idempotency_key parameter and the Idempotency-Key header differ")
+        key = idempotency_key if idempotency_key is not None else request_key
 
         def run(table: Supertable) -> WriteResult:
             rows, rest = _rows(request, body)
             if rest:
                 raise InvalidInputError(f"unknown fields in an append body: {sorted(rest)}")
-            return gw.writes.append(table, rows, wait=wait, idempotency_key=idempotency_key)
+            return gw.writes.append(table, rows, wait=wait, idempotency_key=key)
 
         return await run_in_threadpool(gw.write, p, name, "append", run)
 
@@ -695,6 +708,7 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         p: Auth,
         wait: Wait = True,
         where: Annotated[str | None, Query(description="the predicate (required with an Arrow body)")] = None,
+        request_key: RequestKey = None,
     ) -> Response:
         body = await request.body()
 
@@ -705,19 +719,23 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
                 raise InvalidInputError(f"unknown fields in an update body: {sorted(rest)}")
             if not isinstance(predicate, str):
                 raise InvalidInputError('an update needs "where" (in the JSON body or as a query parameter)')
-            return gw.writes.update(table, predicate, rows, wait=wait)
+            return gw.writes.update(table, predicate, rows, wait=wait, idempotency_key=request_key)
 
         return await run_in_threadpool(gw.write, p, name, "update", run)
 
     @app.post("/tables/{name}/delete", tags=["writes"])
-    def delete(name: str, req: DeleteRequest, p: Auth, wait: Wait = True) -> Response:
-        return gw.write(p, name, "delete", lambda t: gw.writes.delete(t, req.where, wait=wait))
+    def delete(name: str, req: DeleteRequest, p: Auth, wait: Wait = True, request_key: RequestKey = None) -> Response:
+        return gw.write(
+            p, name, "delete", lambda t: gw.writes.delete(t, req.where, wait=wait, idempotency_key=request_key)
+        )
 
     @app.post("/tables/{name}/restore", tags=["writes"])
-    def restore(name: str, req: RestoreRequest, p: Auth, wait: Wait = True) -> Response:
+    def restore(name: str, req: RestoreRequest, p: Auth, wait: Wait = True, request_key: RequestKey = None) -> Response:
         """Publish a retained version's contents as the newest version (suite mode: an event the builder
         applies in log order)."""
-        return gw.write(p, name, "restore", lambda t: gw.writes.restore(t, req.version, wait=wait))
+        return gw.write(
+            p, name, "restore", lambda t: gw.writes.restore(t, req.version, wait=wait, idempotency_key=request_key)
+        )
 
     # -- reads ------------------------------------------------------------------------
     @app.post("/tables/{name}/search/bm25", tags=["search"])

@@ -48,11 +48,16 @@ class WritePath(Protocol):
     def append(self, table: Supertable, data: Any, *, wait: bool, idempotency_key: str | None = None) -> WriteResult:
         """Add rows; a repeated ``idempotency_key`` adds nothing (checked where the write commits)."""
 
-    def delete(self, table: Supertable, where: str, *, wait: bool) -> WriteResult: ...
+    def delete(self, table: Supertable, where: str, *, wait: bool, idempotency_key: str | None = None) -> WriteResult:
+        """Delete matching rows; a repeated ``idempotency_key`` deletes nothing (as for every write)."""
 
-    def update(self, table: Supertable, where: str, data: Any, *, wait: bool) -> WriteResult: ...
+    def update(
+        self, table: Supertable, where: str, data: Any, *, wait: bool, idempotency_key: str | None = None
+    ) -> WriteResult: ...
 
-    def restore(self, table: Supertable, version: int, *, wait: bool) -> WriteResult:
+    def restore(
+        self, table: Supertable, version: int, *, wait: bool, idempotency_key: str | None = None
+    ) -> WriteResult:
         """Publish a retained version's contents as the newest version (ordered with the other writes)."""
 
     def ready(self) -> bool: ...
@@ -71,14 +76,18 @@ class EmbeddedWrites:
     def append(self, table: Supertable, data: Any, *, wait: bool, idempotency_key: str | None = None) -> WriteResult:
         return WriteResult(table.append(data, idempotency_key=idempotency_key))
 
-    def delete(self, table: Supertable, where: str, *, wait: bool) -> WriteResult:
-        return WriteResult(table.delete(where))
+    def delete(self, table: Supertable, where: str, *, wait: bool, idempotency_key: str | None = None) -> WriteResult:
+        return WriteResult(table.delete(where, idempotency_key=idempotency_key))
 
-    def update(self, table: Supertable, where: str, data: Any, *, wait: bool) -> WriteResult:
-        return WriteResult(table.update(where, data))
+    def update(
+        self, table: Supertable, where: str, data: Any, *, wait: bool, idempotency_key: str | None = None
+    ) -> WriteResult:
+        return WriteResult(table.update(where, data, idempotency_key=idempotency_key))
 
-    def restore(self, table: Supertable, version: int, *, wait: bool) -> WriteResult:
-        return WriteResult(table.restore(version))
+    def restore(
+        self, table: Supertable, version: int, *, wait: bool, idempotency_key: str | None = None
+    ) -> WriteResult:
+        return WriteResult(table.restore(version, idempotency_key=idempotency_key))
 
     def ready(self) -> bool:
         return True
@@ -169,11 +178,13 @@ class LogWrites:
         events = [{"data": c, "idempotency_key": k} for c, k in zip(chunks, keys, strict=True)]
         return self._publish(table, "append", events, wait)
 
-    def delete(self, table: Supertable, where: str, *, wait: bool) -> WriteResult:
+    def delete(self, table: Supertable, where: str, *, wait: bool, idempotency_key: str | None = None) -> WriteResult:
         parse_predicate(where, table.schema)
-        return self._publish(table, "delete", [{"where": where}], wait)
+        return self._publish(table, "delete", [{"where": where, "idempotency_key": _key(idempotency_key)}], wait)
 
-    def update(self, table: Supertable, where: str, data: Any, *, wait: bool) -> WriteResult:
+    def update(
+        self, table: Supertable, where: str, data: Any, *, wait: bool, idempotency_key: str | None = None
+    ) -> WriteResult:
         parse_predicate(where, table.schema)
         rows = coerce(data, table.schema, table.options)
         if rows.nbytes > MAX_RECORD_BYTES:
@@ -182,11 +193,14 @@ class LogWrites:
                 f"these are {rows.nbytes}: update fewer rows per request"
             )
         # One event: an update's replacement rows must stay together (they match the predicate's rows 1:1).
-        return self._publish(table, "update", [{"data": rows, "where": where}], wait)
+        event = {"data": rows, "where": where, "idempotency_key": _key(idempotency_key)}
+        return self._publish(table, "update", [event], wait)
 
-    def restore(self, table: Supertable, version: int, *, wait: bool) -> WriteResult:
+    def restore(
+        self, table: Supertable, version: int, *, wait: bool, idempotency_key: str | None = None
+    ) -> WriteResult:
         table.checkout(version)  # VersionNotFoundError (404) now, rather than a skipped event later
-        return self._publish(table, "restore", [{"version": version}], wait)
+        return self._publish(table, "restore", [{"version": version, "idempotency_key": _key(idempotency_key)}], wait)
 
     def ready(self) -> bool:
         """Some bootstrap broker accepts a connection (within a second)."""
@@ -210,3 +224,8 @@ def _chunks(rows: pa.Table) -> list[pa.Table]:
         return [rows]
     per_chunk = max(1, rows.num_rows * budget // rows.nbytes)
     return [rows.slice(start, per_chunk) for start in range(0, rows.num_rows, per_chunk)]
+
+
+def _key(key: str | None) -> str | None:
+    """A request key checked before it is sent (the builder would skip an event with a bad one)."""
+    return None if key is None else check_key(key)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from superfile.remote.wire import ARROW_STREAM, to_ipc
 from superfile.schema import to_arrow_table, user_schema
 from superfile.table.cleanup import DEFAULT_RETENTION
 from superfile.table.history import check_version
+from superfile.table.idempotency import check_key
 
 if TYPE_CHECKING:
     from superfile.remote.db import RemoteConnection
@@ -79,10 +81,25 @@ class RemoteTable:
                 f"table {self.name!r} is open at version {self._pinned}; open it without a version to write"
             )
 
-    def _write(self, op: str, wait: bool, params: Mapping[str, str] | None = None, **kwargs: Any) -> int | None:
+    def _write(
+        self,
+        op: str,
+        wait: bool,
+        key: str | None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> int | None:
+        """POST one write with its request key (the caller's idempotency key, else a fresh one), so the
+        transport may repeat it after a lost answer and the gateway still commits it at most once."""
         self._writable()
         result = self._conn._json(
-            "POST", f"{self._path}/{op}", params={"wait": str(wait).lower(), **(params or {})}, **kwargs
+            "POST",
+            f"{self._path}/{op}",
+            params={"wait": str(wait).lower(), **(params or {})},
+            headers={**(headers or {}), "idempotency-key": check_key(key) if key is not None else uuid.uuid4().hex},
+            idempotent=True,
+            **kwargs,
         )
         if result.get("position") and not wait:
             with self._lock:
@@ -246,28 +263,32 @@ class RemoteTable:
     # -- writes ---------------------------------------------------------------------------
     def append(self, data: Any, *, wait: bool = True, idempotency_key: str | None = None) -> int | None:
         """Add rows; returns the version that includes them (None with ``wait=False`` in suite mode).
-        A repeated ``idempotency_key`` adds nothing (embedded mode returns the first append's version)."""
-        params = {} if idempotency_key is None else {"idempotency_key": idempotency_key}
-        return self._write("append", wait, params, content=self._ipc_rows(data), headers={"content-type": ARROW_STREAM})
+        A repeated ``idempotency_key`` adds nothing (embedded mode returns the first append's version).
+        Every write travels with a request key (this one, or a fresh one per call), so the SDK's own retries
+        after a lost answer never commit twice; give a key to make *your* retries safe too."""
+        rows = self._ipc_rows(data)
+        return self._write("append", wait, idempotency_key, content=rows, headers={"content-type": ARROW_STREAM})
 
-    def delete(self, where: str, *, wait: bool = True) -> int | None:
-        """Delete every row matching the SQL predicate; returns the version (see ``append`` for ``wait``)."""
-        return self._write("delete", wait, payload={"where": where})
+    def delete(self, where: str, *, wait: bool = True, idempotency_key: str | None = None) -> int | None:
+        """Delete every row matching the SQL predicate; returns the version (see ``append`` for ``wait`` and
+        ``idempotency_key``)."""
+        return self._write("delete", wait, idempotency_key, payload={"where": where})
 
-    def update(self, where: str, data: Any, *, wait: bool = True) -> int | None:
+    def update(self, where: str, data: Any, *, wait: bool = True, idempotency_key: str | None = None) -> int | None:
         """Replace the rows matching ``where`` 1:1 by ``data``, keeping their ``_id``; returns the version."""
         return self._write(
             "update",
             wait,
+            idempotency_key,
             content=self._ipc_rows(data),
             headers={"content-type": ARROW_STREAM},
             params={"where": where},
         )
 
-    def restore(self, version: int, *, wait: bool = True) -> int | None:
+    def restore(self, version: int, *, wait: bool = True, idempotency_key: str | None = None) -> int | None:
         """Publish a retained version's contents as the newest version; returns that version (see ``append``
         for ``wait``; in suite mode the builder applies it in log order)."""
-        return self._write("restore", wait, payload={"version": check_version(version)})
+        return self._write("restore", wait, idempotency_key, payload={"version": check_version(version)})
 
     # -- maintenance ----------------------------------------------------------------------
     def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]:
