@@ -1,4 +1,5 @@
-"""Helpers of the service tests: the builder as a real subprocess (so it can be SIGKILLed), bounded waits."""
+"""Helpers of the service tests: the builder and the gateway as real subprocesses (so they can be SIGKILLed),
+bounded waits."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -82,3 +84,45 @@ class BuilderProcess:
     def output(self) -> str:
         with open(self.log.name, "rb") as f:
             return f.read()[-4000:].decode(errors="replace")
+
+
+class GatewayProcess:
+    """``python -m superfile_gateway`` on a free port, configured by ``SUPERFILE_*`` variables (no keys unless
+    ``SUPERFILE_API_KEYS`` is given); started and healthy on return."""
+
+    def __init__(self, **env: str) -> None:
+        from superfile_suite import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="gateway-", suffix=".log", delete=False)  # noqa: SIM115
+        settings = {"SUPERFILE_NO_AUTH": "0" if "SUPERFILE_API_KEYS" in env else "1", **env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "superfile_gateway", "--port", str(self.port)],
+            env={**os.environ, **settings},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_until(self._healthy, 60, "the gateway to answer /healthz")
+
+    def _healthy(self) -> bool:
+        assert self.proc.poll() is None, self.output()
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def output(self) -> str:
+        with open(self.log.name, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        os.unlink(self.log.name)

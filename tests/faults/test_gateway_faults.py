@@ -6,11 +6,8 @@ Without a key of the caller's, the SDK's own request key makes its retries safe 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 import threading
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +18,10 @@ import pytest
 import superfile
 from http_proxy import Faults, FaultyHttpProxy, Request, writes
 from superfile.errors import SuperfileError
-from superfile_suite import Server, free_port, start_moto, start_redis, start_tansu
+from superfile_suite import Server, start_moto, start_redis, start_tansu
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
-from e2e_support import BuilderProcess, wait_until
+from e2e_support import BuilderProcess, GatewayProcess
 
 CLIENTS = 4
 APPENDS = 25
@@ -33,39 +30,6 @@ REPEATS = 5
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("text", pa.string())])
 
 pytestmark = pytest.mark.timeout(900)
-
-
-class GatewayProcess:
-    """``python -m superfile_gateway`` on a free port, configured by environment, without keys."""
-
-    def __init__(self, **env: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="gateway-", suffix=".log", delete=False)  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "superfile_gateway", "--port", str(self.port)],
-            env={**os.environ, "SUPERFILE_NO_AUTH": "1", **env},
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        wait_until(self._healthy, 60, "the gateway to answer /healthz")
-
-    def _healthy(self) -> bool:
-        assert self.proc.poll() is None, Path(self.log.name).read_text()
-        try:
-            with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        os.unlink(self.log.name)
 
 
 def _rows(client: int, n: int) -> pa.Table:

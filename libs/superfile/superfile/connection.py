@@ -32,11 +32,11 @@ from superfile.table.snapshot import Snapshot, TableFiles
 
 __all__ = ["Connection", "connect"]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 
 
 def _check_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):  # in full: "a\n" is not "a"
         raise InvalidTableNameError(
             f"invalid table name {name!r}: use 1-128 letters, digits, '_' or '-', starting with a letter or digit"
         )

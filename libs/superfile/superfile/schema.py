@@ -24,6 +24,9 @@ SCORE = "score"
 _ID_FIELD = pa.field(ID, pa.uint64(), nullable=False)
 
 
+MAX_COLUMN_NAME = 255
+
+
 def table_schema(schema: pa.Schema, options: TableOptions) -> pa.Schema:
     """The stored schema: ``_id`` first, vector columns as ``fixed_size_list<float32>[dim]``."""
     if not isinstance(schema, pa.Schema):
@@ -37,6 +40,11 @@ def table_schema(schema: pa.Schema, options: TableOptions) -> pa.Schema:
         if f.name.startswith("_") or f.name == SCORE or not f.name:
             raise InvalidOptionError(
                 f"column name {f.name!r} is reserved (names starting with '_' and 'score' are the table's)"
+            )
+        if len(f.name) > MAX_COLUMN_NAME or not f.name.isprintable():
+            # the name is checked in full, as a table name is: "a\n" must not pass as a second "a"
+            raise InvalidOptionError(
+                f"invalid column name {f.name!r}: use at most {MAX_COLUMN_NAME} printable characters"
             )
         if f.name in options.vector_columns:
             dim = options.vector_columns[f.name].dim

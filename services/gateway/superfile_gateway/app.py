@@ -57,7 +57,7 @@ from superfile.table import Supertable
 from superfile.table.cleanup import DEFAULT_RETENTION
 from superfile.telemetry import CONTENT_TYPE, meter, render, seconds_histogram
 
-from superfile_gateway.auth import KeyRing, Principal
+from superfile_gateway.auth import KeyRing, Principal, RedactKeysInUrls, refuse_keys_in_url
 from superfile_gateway.guard import Guard, InFlight
 from superfile_gateway.models import (
     Bm25Request,
@@ -253,6 +253,8 @@ class Gateway:
         expected = topic_for(table.name, self.settings.topic_prefix)
         if position.topic != expected:
             raise InvalidInputError(f"position {token!r} is not in table {table.name!r}'s log ({expected})")
+        if not position.visible_in(table.properties) and not self.writes.reachable(position):
+            raise InvalidInputError(f"position {token!r} was never written to table {table.name!r}'s log")
         wait_visible(table, position, self.settings.wait_timeout_s)
 
     # -- request bodies -----------------------------------------------------------------
@@ -515,6 +517,7 @@ async def _principal(request: Request) -> Principal:
     """The caller's key (async: a sync dependency would cost each request a trip through the thread pool)."""
     gateway: Gateway = request.app.state.gateway
     headers = request.headers
+    refuse_keys_in_url(request.query_params.keys())
     return gateway.keys.authenticate(headers.get("authorization"), headers.get("x-api-key"))
 
 
@@ -547,6 +550,9 @@ RequestKey = Annotated[
 def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAPI:
     """The ASGI application for ``settings`` (``writes`` replaces the write path the settings choose)."""
     gw = Gateway(settings, writes)
+    access_log = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactKeysInUrls) for f in access_log.filters):
+        access_log.addFilter(RedactKeysInUrls())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -596,6 +602,11 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         gw.errors.add(1, {"type": "HTTPException"})
         return _error(exc.status_code, "HTTPException", str(exc.detail))
+
+    @app.exception_handler(RecursionError)
+    async def too_deep(request: Request, exc: RecursionError) -> JSONResponse:
+        gw.errors.add(1, {"type": "InvalidInputError"})
+        return _error(400, "InvalidInputError", "the request is nested too deeply to process")
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -5,16 +5,42 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
-from collections.abc import Sequence
+import logging
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from superfile.errors import InvalidInputError
 from superfile.remote.errors import AuthenticationError, PermissionDeniedError
 
 from superfile_gateway.settings import ApiKey
 
-__all__ = ["KeyRing", "Principal"]
+__all__ = ["KEY_PARAMETERS", "KeyRing", "Principal", "RedactKeysInUrls", "refuse_keys_in_url"]
 
 _WORD = {"r": "read", "w": "write"}
+# Query parameters that would carry a credential: refused, and redacted wherever a URL is logged.
+KEY_PARAMETERS = frozenset({"api_key", "apikey", "api-key", "x-api-key", "access_token", "token", "authorization"})
+_NAMES = "|".join(re.escape(k) for k in sorted(KEY_PARAMETERS))
+_KEY_IN_URL = re.compile(rf"(?i)([?&](?:{_NAMES})=)[^&\s]*")
+
+
+def refuse_keys_in_url(parameters: Iterable[str]) -> None:
+    """A key in a URL ends up in access logs, proxies and browser history: such a request is refused (400)."""
+    named = sorted({p for p in parameters if p.lower() in KEY_PARAMETERS})
+    if named:
+        raise InvalidInputError(
+            f"query parameter {named[0]!r} looks like a credential: send API keys in the Authorization or "
+            "X-API-Key header, never in the URL"
+        )
+
+
+class RedactKeysInUrls(logging.Filter):
+    """Blanks credential-like query parameters in log records (uvicorn's access log prints the whole URL)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_KEY_IN_URL.sub(r"\1[redacted]", a) if isinstance(a, str) else a for a in record.args)
+        return True
 
 
 @dataclass(frozen=True)

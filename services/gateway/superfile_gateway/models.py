@@ -27,7 +27,8 @@ __all__ = [
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON true is not the number 1, 2.0 is not a count, "5" is not a number (422 otherwise)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class VectorSpec(_Body):

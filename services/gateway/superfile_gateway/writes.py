@@ -60,6 +60,9 @@ class WritePath(Protocol):
     ) -> WriteResult:
         """Publish a retained version's contents as the newest version (ordered with the other writes)."""
 
+    def reachable(self, position: Position) -> bool:
+        """Whether a write at ``position`` was ever acknowledged, so waiting for it can end (else 400 at once)."""
+
     def ready(self) -> bool: ...
 
     def close(self) -> None: ...
@@ -88,6 +91,9 @@ class EmbeddedWrites:
         self, table: Supertable, version: int, *, wait: bool, idempotency_key: str | None = None
     ) -> WriteResult:
         return WriteResult(table.restore(version, idempotency_key=idempotency_key))
+
+    def reachable(self, position: Position) -> bool:
+        return False  # no log: every write was visible when it returned, so a position not visible never will be
 
     def ready(self) -> bool:
         return True
@@ -140,6 +146,7 @@ class LogWrites:
         self._seq = 0
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
+        self._offsets: Any = None  # a KafkaConsumer asked for log end offsets, made on first use
 
     def created(self, table: str) -> None:
         self.log.ensure_topic(table)
@@ -202,6 +209,20 @@ class LogWrites:
         table.checkout(version)  # VersionNotFoundError (404) now, rather than a skipped event later
         return self._publish(table, "restore", [{"version": version, "idempotency_key": _key(idempotency_key)}], wait)
 
+    def reachable(self, position: Position) -> bool:
+        """The broker holds a record at ``position`` (its log ends past it); unsure (broker away) is True."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        partition = TopicPartition(position.topic, 0)
+        try:
+            with self._guard:
+                if self._offsets is None:
+                    self._offsets = KafkaConsumer(bootstrap_servers=self.log.bootstrap, group_id=None)
+                end = self._offsets.end_offsets([partition]).get(partition)
+        except KafkaError:
+            return True
+        return end is None or position.offset < end
+
     def ready(self) -> bool:
         """Some bootstrap broker accepts a connection (within a second)."""
         for address in self.log.bootstrap.split(","):
@@ -214,6 +235,8 @@ class LogWrites:
         return False
 
     def close(self) -> None:
+        if self._offsets is not None:
+            self._offsets.close()
         self.log.close()
 
 

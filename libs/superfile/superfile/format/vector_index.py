@@ -791,8 +791,11 @@ def _view(section: memoryview, dtype: type[np.generic], shape: tuple[int, ...]) 
     return np.frombuffer(section, dtype=dtype).reshape(shape)
 
 
+MAX_KNOB = 1 << 20  # bound on nlist, nprobe and rerank: larger values only ask for memory
+
+
 def _check_positive(name: str, value: Any, *, optional: bool = False) -> None:
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 1 <= value <= MAX_KNOB:
+        raise InvalidOptionError(f"{name} must be a positive integer of at most {MAX_KNOB}, got {value!r}")

@@ -53,14 +53,16 @@ class LocalStorage:
 
     remote = False
 
-    def __init__(self, root: str, *, fsync: bool | str = True) -> None:
-        """``fsync=False`` skips the durability syncs (scratch data, benchmarks on tmpfs)."""
+    def __init__(self, root: str, *, fsync: bool | str = True, create: bool = True) -> None:
+        """``fsync=False`` skips the durability syncs (scratch data, benchmarks on tmpfs). ``create=False``
+        leaves a missing root to the first write (a child opened only to read must not make a directory)."""
         self._root = os.path.abspath(root)
         self._fsync = bool_option("fsync", fsync)
-        try:
-            os.makedirs(self._root, exist_ok=True)
-        except OSError as err:
-            raise StorageError(f"cannot create storage root {self._root!r}: {err}") from err
+        if create:
+            try:
+                os.makedirs(self._root, exist_ok=True)
+            except OSError as err:
+                raise StorageError(f"cannot create storage root {self._root!r}: {err}") from err
         self.uri = "file://" + self._root
 
     # -- helpers -----------------------------------------------------------
@@ -255,4 +257,4 @@ class LocalStorage:
 
     def child(self, prefix: str) -> LocalStorage:
         sub = check_key(prefix.removesuffix("/"))
-        return LocalStorage(os.path.join(self._root, *sub.split("/")), fsync=self._fsync)
+        return LocalStorage(os.path.join(self._root, *sub.split("/")), fsync=self._fsync, create=False)

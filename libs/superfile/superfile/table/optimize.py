@@ -46,9 +46,14 @@ _ATTEMPTS = 5
 Plan = Callable[[list[SuperfileEntry], int], dict[str | None, list[SuperfileEntry]]]
 
 
-def _positive(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+# Bounds on the target size: a compaction aims at superfiles a reader can still map and search.
+MAX_TARGET_ROWS = 1 << 31
+MAX_TARGET_BYTES = 1 << 40
+
+
+def _positive(name: str, value: object, maximum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= maximum:
+        raise InvalidOptionError(f"{name} must be a positive integer of at most {maximum}, got {value!r}")
     return value
 
 
@@ -62,9 +67,9 @@ def _target_rows(entries: list[SuperfileEntry], snap: Snapshot, rows: int | None
     if rows is not None and nbytes is not None:
         raise InvalidOptionError("give target_rows or target_bytes, not both")
     if rows is not None:
-        return _positive("target_rows", rows)
+        return _positive("target_rows", rows, MAX_TARGET_ROWS)
     if nbytes is not None:
-        _positive("target_bytes", nbytes)
+        _positive("target_bytes", nbytes, MAX_TARGET_BYTES)
         total_rows = sum(e.rows for e in entries)
         per_row = sum(e.size for e in entries) / total_rows if total_rows else 1.0
         return max(1, int(nbytes / per_row))
