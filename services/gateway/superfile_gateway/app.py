@@ -461,6 +461,11 @@ def encode(request: Request, table: pa.Table) -> Response:
     return Response(table_to_json(table), media_type="application/json")
 
 
+def _not_json(constant: str) -> Any:
+    """Python's parser takes NaN and Infinity, which JSON does not have: a strict client never sends them."""
+    raise InvalidInputError(f"{constant} is not JSON: send null for a missing number")
+
+
 def _rows(request: Request, body: bytes) -> tuple[Any, dict[str, Any]]:
     """The rows of a write body (Arrow IPC stream, or JSON: a list of objects or ``{"rows": [...], ...}``)
     and the other JSON fields."""
@@ -470,7 +475,7 @@ def _rows(request: Request, body: bytes) -> tuple[Any, dict[str, Any]]:
     if ctype not in ("", "application/json"):
         raise InvalidInputError(f"unsupported content type {ctype!r}: send application/json or {ARROW_STREAM}")
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, parse_constant=_not_json)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidInputError(f"malformed JSON body: {e}") from None
     if isinstance(doc, list):

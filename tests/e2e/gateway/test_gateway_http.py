@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import time
@@ -257,3 +258,25 @@ def test_sdk_reports_an_unreachable_or_silent_gateway() -> None:
         with pytest.raises(GatewayUnavailableError, match="did not answer in time"):
             superfile.connect(f"http://127.0.0.1:{silent.getsockname()[1]}", api_key="k", timeout=0.5).table_names()
         assert time.monotonic() - start < 5
+
+
+def _strict(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def test_json_is_strict_both_ways(http: httpx.Client, engine: superfile.Connection, tables: list[str]) -> None:
+    """NaN and infinities leave as null (strict parsers reject the tokens Python writes for them); a body that
+    sends them is a 400 and writes nothing."""
+    table = engine.create_table("floats", pa.schema([("id", pa.int64()), ("x", pa.float64())]))
+    table.append({"id": [0, 1, 2, 3], "x": [1.5, float("nan"), float("inf"), None]})
+    for path, body in (("/tables/floats/scan", {}), ("/sql", {"query": "SELECT id, x, x * 2 AS y FROM floats"})):
+        response = http.post(path, headers=ADMIN, json=body)
+        assert response.status_code == 200, response.text
+        rows_out = sorted(json.loads(response.text, parse_constant=_strict)["rows"], key=lambda r: r["id"])
+        assert [r["x"] for r in rows_out] == [1.5, None, None, None], path
+    before = state(engine, "floats")
+    json_type = {**ADMIN, "content-type": "application/json"}
+    for token in (b"NaN", b"Infinity", b"-Infinity"):
+        response = http.post("/tables/floats/append", headers=json_type, content=b'[{"id": 9, "x": ' + token + b"}]")
+        assert error_of(response) == (400, "InvalidInputError") and token.decode() in response.text
+    assert state(engine, "floats") == before

@@ -15,6 +15,7 @@ import re
 from typing import Any, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from superfile.errors import InvalidInputError
 
@@ -176,7 +177,42 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
+def _finite(array: pa.Array) -> pa.Array:
+    """``array`` with NaN and infinities (at any depth) as nulls: JSON has no such numbers."""
+    t = array.type
+    if pa.types.is_floating(t):
+        return pc.if_else(pc.is_finite(array), array, pa.scalar(None, t))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        if not _has_floats(t.value_type):
+            return array
+        if array.offset:  # ``values`` ignores a slice: work on a compact copy
+            array = pa.concat_arrays([array])
+        cls = type(array)
+        values = _finite(array.values)  # type: ignore[attr-defined]
+        if pa.types.is_fixed_size_list(t):
+            return pa.FixedSizeListArray.from_arrays(values, t.list_size, mask=array.is_null())
+        return cls.from_arrays(array.offsets, values, mask=array.is_null())  # type: ignore[attr-defined]
+    if pa.types.is_struct(t) and _has_floats(t):
+        fields = [_finite(array.field(i)) for i in range(t.num_fields)]  # type: ignore[attr-defined]
+        return pa.StructArray.from_arrays(fields, fields=list(t), mask=array.is_null())
+    return array
+
+
+def _has_floats(t: pa.DataType) -> bool:
+    if pa.types.is_floating(t):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _has_floats(t.value_type)
+    return pa.types.is_struct(t) and any(_has_floats(f.type) for f in t)
+
+
 def table_to_json(table: pa.Table) -> bytes:
-    """``{"columns": [...], "num_rows": n, "rows": [{...}, ...]}`` (binary as base64, times as ISO 8601)."""
-    body = {"columns": table.column_names, "num_rows": table.num_rows, "rows": table.to_pylist()}
-    return json.dumps(body, default=json_default, separators=(",", ":")).encode()
+    """``{"columns": [...], "num_rows": n, "rows": [{...}, ...]}`` (binary as base64, times as ISO 8601,
+    NaN and infinities as null: strict JSON that every parser reads)."""
+    columns = [
+        pa.chunked_array([_finite(c) for c in col.chunks], col.type) if _has_floats(col.type) else col
+        for col in table.columns
+    ]
+    rows = pa.Table.from_arrays(columns, schema=table.schema).to_pylist()
+    body = {"columns": table.column_names, "num_rows": table.num_rows, "rows": rows}
+    return json.dumps(body, default=json_default, separators=(",", ":"), allow_nan=False).encode()
