@@ -13,11 +13,11 @@ import boto3
 import pyarrow as pa
 import pytest
 import superfile
-from http_proxy import Faults, FaultyHttpProxy, Request, conditional_put
 from losing_storage import LosingStorage
 from superfile.errors import CommitStateUnknownError, StorageError
 from superfile.io import from_uri
 from superfile_suite import Server, start_moto
+from superfile_suite.faults import Faults, FaultyHttpProxy, Request, conditional_put
 
 WRITERS = 4
 APPENDS = 25

@@ -16,9 +16,9 @@ import boto3
 import pyarrow as pa
 import pytest
 import superfile
-from http_proxy import Faults, FaultyHttpProxy, Request, writes
 from superfile.errors import SuperfileError
 from superfile_suite import Server, start_moto, start_redis, start_tansu
+from superfile_suite.faults import Faults, FaultyHttpProxy, Request, writes
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
 from e2e_support import BuilderProcess, GatewayProcess

@@ -13,7 +13,6 @@ from urllib.parse import quote
 
 import boto3
 import pytest
-from faulty_proxy import FaultyProxy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from superfile.errors import (
@@ -27,6 +26,7 @@ from superfile.errors import (
 from superfile.io import Storage, from_uri
 from superfile.io.local import LocalStorage
 from superfile.io.s3 import S3Storage
+from superfile_suite.faults import Faults, FaultyHttpProxy, Request
 
 MiB = 1024 * 1024
 RACERS = 8
@@ -325,9 +325,17 @@ def test_s3_multipart_write(s3_endpoint: str, s3_bucket: str) -> None:
     assert "-" not in small
 
 
+def _part_two(request: Request) -> bool:
+    return request.method == "PUT" and "partNumber=2" in request.path
+
+
+def _gets(request: Request) -> bool:
+    return request.method == "GET"
+
+
 def test_s3_failed_multipart_is_aborted(s3_endpoint: str, s3_bucket: str) -> None:
     # One part at a time, no retries: the connection dies in the middle of part two.
-    with FaultyProxy(s3_endpoint, [], upload_cut=7 * MiB) as proxy:
+    with FaultyHttpProxy(s3_endpoint, Faults(cut_upload=1.0, match=_part_two)) as proxy:
         store = from_uri(
             _s3_uri(
                 s3_bucket,
@@ -340,33 +348,33 @@ def test_s3_failed_multipart_is_aborted(s3_endpoint: str, s3_bucket: str) -> Non
         )
         with pytest.raises(StorageError):
             store.write("big.bin", os.urandom(12 * MiB))
-        assert proxy.faults_done == 1
+        assert proxy.faults.injected == 1
     direct = boto3.client("s3", endpoint_url=s3_endpoint)
     assert direct.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
     assert not from_uri(_s3_uri(s3_bucket, s3_endpoint)).exists("big.bin")
 
 
-@pytest.mark.parametrize("fault", ["truncate", "drop"])
+@pytest.mark.parametrize("fault", ["truncate", "reset"])
 def test_s3_reads_survive_transient_faults(s3_endpoint: str, s3_bucket: str, fault: str) -> None:
     data = os.urandom(300_000)
     etag = from_uri(_s3_uri(s3_bucket, s3_endpoint)).write("obj", data)
-    with FaultyProxy(s3_endpoint, [fault]) as proxy:
+    with FaultyHttpProxy(s3_endpoint, Faults(**{fault: 1.0}, limit=1, match=_gets)) as proxy:
         store = from_uri(_s3_uri(s3_bucket, proxy.endpoint))
         assert store.read_range("obj", 1000, 200_000) == data[1000:201_000]
-        assert proxy.faults_done == 1 and proxy.connections >= 2
-    with FaultyProxy(s3_endpoint, [fault]) as proxy:
+        assert proxy.faults.injected == 1 and proxy.faults.counts["requests"] >= 2
+    with FaultyHttpProxy(s3_endpoint, Faults(**{fault: 1.0}, limit=1, match=_gets)) as proxy:
         store = from_uri(_s3_uri(s3_bucket, proxy.endpoint))
         assert store.read_with_etag("obj") == (data, etag)
-        assert proxy.faults_done == 1
+        assert proxy.faults.injected == 1
 
 
 def test_s3_reads_give_up_after_bounded_attempts(s3_endpoint: str, s3_bucket: str) -> None:
     data = os.urandom(100_000)
     from_uri(_s3_uri(s3_bucket, s3_endpoint)).write("obj", data)
-    with FaultyProxy(s3_endpoint, ["truncate"] * 10) as proxy:
+    with FaultyHttpProxy(s3_endpoint, Faults(truncate=1.0, match=_gets)) as proxy:
         store = from_uri(_s3_uri(s3_bucket, proxy.endpoint, max_attempts=3))
         started = time.monotonic()
         with pytest.raises(ShortReadError):
             store.read_range("obj", 0, 50_000)
         assert time.monotonic() - started < 10
-        assert proxy.faults_done == 3
+        assert proxy.faults.injected == 3

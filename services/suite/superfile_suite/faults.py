@@ -1,10 +1,10 @@
-"""A fault-injecting HTTP/1.1 proxy in front of a real server (the S3 server, a gateway).
+"""A fault-injecting HTTP/1.1 proxy to put in front of a real server (the S3 server, a gateway).
 
-Unlike a TCP proxy it knows where each request and answer ends, so it can
-let the server act on a request and then lose, replace or delay the answer:
-the faults that make a client unsure whether its write took effect. Nothing
-here mocks a client library; the clients talk HTTP to real processes through
-it.
+It knows where each request and answer ends, so it can let the server act on
+a request and then lose, replace, cut or delay the answer: the faults that
+make a client unsure whether its write took effect. Nothing here mocks a
+client library; clients talk HTTP to real processes through it
+(``tests/faults``, ``libs/superfile/tests/test_io.py``, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def writes(request: Request) -> bool:
     return request.method not in ("GET", "HEAD")
 
 
-_COUNTED = ("requests", "lose", "error", "refuse", "delay")
+_KINDS = ("lose", "error", "truncate", "refuse", "reset", "cut_upload", "delay")
 
 
 @dataclass
@@ -48,19 +48,31 @@ class Faults:
 
     - ``lose``: the server acts on the request, then the connection is closed without an answer.
     - ``error``: the server acts on the request, then the answer is replaced by a 503.
+    - ``truncate``: the server acts; its answer's head and ``cut`` bytes of its body arrive, then the close.
     - ``refuse``: the request never reaches the server; the answer is a 503.
+    - ``reset``: the request never reaches the server; the connection is closed without an answer.
+    - ``cut_upload``: half the request's bytes reach the server, then both connections are closed.
     - ``delay``: the request is held ``delay_s`` before it is forwarded.
+
+    ``limit`` bounds how many faults are injected in all (then every request passes).
     """
 
     lose: float = 0.0
     error: float = 0.0
+    truncate: float = 0.0
     refuse: float = 0.0
+    reset: float = 0.0
+    cut_upload: float = 0.0
     delay: float = 0.0
     delay_s: float = 0.2
+    cut: int = 10
+    limit: int | None = None
     match: Callable[[Request], bool] = writes
-    counts: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(("requests", "lose", "error", "refuse", "delay"), 0)
-    )
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("requests", *_KINDS), 0))
+
+    @property
+    def injected(self) -> int:
+        return sum(self.counts[k] for k in _KINDS)
 
 
 _HEADERS_END = b"\r\n\r\n"
@@ -185,8 +197,10 @@ class FaultyHttpProxy:
             return None
         with self._lock:
             faults.counts["requests"] += 1
+            if faults.limit is not None and faults.injected >= faults.limit:
+                return None
             roll = self._random.random()
-            for name in ("lose", "error", "refuse", "delay"):
+            for name in _KINDS:
                 share = getattr(faults, name)
                 if roll < share:
                     faults.counts[name] += 1
@@ -206,11 +220,21 @@ class FaultyHttpProxy:
                     if fault == "refuse":
                         client.sendall(_UNAVAILABLE)
                         continue
+                    if fault == "reset":
+                        return
+                    if fault == "cut_upload":
+                        with socket.create_connection(self._upstream, timeout=60) as upstream:
+                            upstream.sendall(raw[: len(raw) // 2])
+                        return
                     if fault == "delay":
                         time.sleep(self.faults.delay_s)
                     answer = self._forward(raw, method)
                     if fault == "lose":
                         return  # the server acted; the client never hears
+                    if fault == "truncate":
+                        head, _, body = answer.partition(_HEADERS_END)
+                        client.sendall(head + _HEADERS_END + body[: self.faults.cut])
+                        return
                     client.sendall(_UNAVAILABLE if fault == "error" else answer)
         except (_Closed, OSError):
             return
