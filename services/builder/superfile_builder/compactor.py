@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -126,7 +127,7 @@ class Compactor:
         Blocks until it is done. Raises what the run raised; a crashed process is replaced on the next run."""
         with self._lock:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_lower_priority)
+                self._pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_start_worker)
             pool = self._pool
         try:
             return pool.submit(_run, self.uri, table, self.policy, self.connect_options).result()
@@ -144,8 +145,18 @@ class Compactor:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _lower_priority() -> None:
+def _start_worker() -> None:
+    """In the compaction process: yield the CPU to queries and commits, and die with the builder. A builder
+    killed by SIGKILL cannot stop its worker, which would otherwise live on, holding its memory, forever."""
     os.nice(_NICE)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _run(

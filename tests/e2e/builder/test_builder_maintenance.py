@@ -90,6 +90,25 @@ def test_compaction_keeps_the_superfile_count_bounded_and_every_row_once(
         30,
         "the superfile gauge to show the current version",
     )
+    # The compaction process dies with its builder, even one killed by SIGKILL (which cannot stop it).
+    assert builder.proc is not None
+    workers = _children(builder.proc.pid)
+    assert workers, "the builder's compaction process"
+    builder.kill()
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 10, "the workers to exit")
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def test_restore_events_apply_in_log_order(
