@@ -5,8 +5,12 @@ HNSW index and LanceDB, over the same rows, in the same run.
 
 The table (default 1M rows = 16 superfiles of 62,500) and every peer index are
 built once into a cache directory (``--cache``, default /tmp/sfbench-search)
-and reused by later runs; ``--rebuild`` builds them again. Each build and each
-measurement runs in its own process, one after another.
+and reused by later runs; ``--rebuild`` builds them again. The cache is keyed
+by rows, superfile size and the data's version (a hash of the corpus and of
+the code that repeats it): a change rebuilds everything. Before recall is
+measured, the ground truth's best similarities are recomputed from the vectors
+the measured table stores (superfile, LanceDB); a mismatch fails the run. Each
+build and each measurement runs in its own process, one after another.
 
 Queries are the real Vaswani (93) and Cranfield (225) query texts and
 embeddings. Per system and setting: a warm-up pass, then ``--passes`` passes
@@ -30,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
+import inspect
 import json
 import os
 import shlex
@@ -47,7 +53,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, SHARED, median, peak_rss_mb, percentile, repeated, run_isolated, save
+from common import RESULTS, SHARED, corpus, median, peak_rss_mb, percentile, repeated, run_isolated, save
 
 DIM = 384
 K = 10
@@ -309,6 +315,12 @@ class Superfile:
         self.vectors = query_vectors(q)
         self.stats = self.t.stats()
 
+    def stored_vectors(self, doc_ids: np.ndarray) -> np.ndarray:
+        where = f"doc_id IN ({', '.join(str(int(d)) for d in doc_ids)})"
+        got = self.t.to_arrow(columns=["doc_id", "embedding"], where=where)
+        by_doc = dict(zip(got["doc_id"].to_pylist(), got["embedding"].to_pylist(), strict=True))
+        return np.asarray([by_doc[int(d)] for d in doc_ids], np.float32)
+
     def vector(self, i: int, s: dict[str, Any]) -> pa.Table:
         return self.t.vector_search(
             "embedding", self.vectors[i], k=K, nprobe=s.get("nprobe"), projection=["_id", "score"]
@@ -396,6 +408,12 @@ class LanceDB:
         self.vectors = query_vectors(q)
         self.stats = {"rows": self.t.count_rows()}
 
+    def stored_vectors(self, doc_ids: np.ndarray) -> np.ndarray:
+        where = f"doc_id IN ({', '.join(str(int(d)) for d in doc_ids)})"
+        got = self.t.search().where(where).select(["doc_id", "embedding"]).limit(len(doc_ids)).to_arrow()
+        by_doc = dict(zip(got["doc_id"].to_pylist(), got["embedding"].to_pylist(), strict=True))
+        return np.asarray([by_doc[int(d)] for d in doc_ids], np.float32)
+
     def vector(self, i: int, s: dict[str, Any]) -> pa.Table:
         b = self.t.search(self.vectors[i], vector_column_name="embedding").distance_type("cosine")
         if "nprobes" in s:
@@ -453,6 +471,8 @@ def measure(system: str, kind: str, cache: Path, passes: int, threads: list[int]
     if kind == "vector":
         settings = VECTOR_SETTINGS[system]
         gts = [np.load(paths(cache)["gt"])["ids"]] * len(settings)
+        if hasattr(sysobj, "stored_vectors"):
+            check_ground_truth(sysobj.stored_vectors, cache)
     elif kind == "filtered":
         settings = [{"level": level} for level in FILTER_LEVELS]
         stored = np.load(paths(cache)["gt_filtered"])
@@ -520,10 +540,40 @@ def measure(system: str, kind: str, cache: Path, passes: int, threads: list[int]
 # -- parent: builds, runs, summary -------------------------------------------------------------
 
 
+def data_version() -> str:
+    """What the built rows depend on besides their count: the corpus and the code that repeats it. A cache
+    built from other data (an older corpus, another jitter) would be measured against the wrong ground
+    truth: a run once reported recall 0.005 for tables built by an earlier version of this benchmark."""
+    digest = hashlib.sha256(inspect.getsource(repeated).encode())
+    base = corpus()
+    digest.update(str(BUILD_BATCH).encode())
+    for column in base.columns:
+        for buf in column.combine_chunks().buffers():
+            if buf is not None:
+                digest.update(buf)
+    return digest.hexdigest()[:16]
+
+
+def check_ground_truth(vectors: Callable[[np.ndarray], np.ndarray], cache: Path) -> None:
+    """The ground truth's best similarities, recomputed from the vectors the measured system stores for
+    those doc_ids: a table that holds other vectors than the ground truth was computed over fails here,
+    instead of reporting a recall near zero."""
+    gt = np.load(paths(cache)["gt"])
+    qv = query_vectors(queries())
+    qn = qv / np.linalg.norm(qv, axis=1, keepdims=True)
+    sample = range(0, len(qn), max(1, len(qn) // 10))
+    ids = np.asarray([gt["ids"][i, 0] for i in sample], np.int64)
+    stored = vectors(ids)
+    got = np.einsum("ij,ij->i", qn[list(sample)], stored / np.linalg.norm(stored, axis=1, keepdims=True))
+    want = np.asarray([gt["sim"][i, 0] for i in sample])
+    if not np.allclose(got, want, atol=1e-4):
+        raise RuntimeError(f"the ground truth in {cache} was not computed over the measured table: run with --rebuild")
+
+
 def ensure_builds(args: argparse.Namespace, kinds: list[str], systems: list[str]) -> None:
     cache = Path(args.cache)
     p = paths(cache)
-    cfg = {"rows": args.rows, "max_rows_per_superfile": args.max_rows_per_superfile}
+    cfg = {"rows": args.rows, "max_rows_per_superfile": args.max_rows_per_superfile, "data": data_version()}
     info = build_info(cache)
     if args.rebuild or (info.get("config") not in (None, cfg)):
         shutil.rmtree(cache, ignore_errors=True)
