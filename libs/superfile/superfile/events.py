@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from superfile.errors import InvalidInputError
+from superfile.errors import InvalidInputError, StorageError
 
 __all__ = [
     "LOG_PROPERTY",
@@ -35,6 +35,7 @@ __all__ = [
     "Event",
     "EventLog",
     "Position",
+    "UnacknowledgedWriteError",
     "decode",
     "encode",
     "topic_for",
@@ -83,12 +84,23 @@ class Event:
             raise InvalidInputError(f"a {self.op} event {'needs a' if self.op != 'append' else 'takes no'} predicate")
 
 
+class UnacknowledgedWriteError(StorageError):
+    """The broker did not acknowledge an event with its place in the log: it may be lost, so the write
+    failed (503) and may be retried (with its idempotency key it then applies once)."""
+
+
 @dataclass(frozen=True, order=True)
 class Position:
     """Where an event sits in its table's log; reads can wait until it is visible."""
 
     topic: str
     offset: int
+
+    def __post_init__(self) -> None:
+        # A negative offset is no place in the log (a broker's -1 means "not written"); it would also count
+        # as visible in every manifest.
+        if isinstance(self.offset, bool) or not isinstance(self.offset, int) or self.offset < 0:
+            raise InvalidInputError(f"a log position needs an offset >= 0, got {self.offset!r}")
 
     @property
     def token(self) -> str:
@@ -148,7 +160,14 @@ def decode(value: bytes | None, headers: list[tuple[str, bytes]] | None) -> Even
 
 
 class EventLog:
-    """Publishes events to table topics and acknowledges once the broker has them (acks=all)."""
+    """Publishes events to table topics and acknowledges once the broker has them.
+
+    Producer settings for durable acknowledgements (``producer_config`` may override them): ``acks="all"``
+    (the broker answers once every in-sync replica has the record), ``max_in_flight_requests_per_connection=1``
+    (a retried send cannot overtake the next one, so a source's seqs stay in log order), ``retries`` for
+    transient broker errors, ``linger_ms=0``. An answer is only an acknowledgement if it carries the record's
+    offset; anything else raises :class:`UnacknowledgedWriteError`.
+    """
 
     def __init__(self, bootstrap: str, *, topic_prefix: str = "superfile", **producer_config: Any) -> None:
         from kafka import KafkaProducer
@@ -184,11 +203,22 @@ class EventLog:
         return topic
 
     def publish(self, event: Event, timeout: float = 30.0) -> Position:
-        """Send one event and wait for the broker's acknowledgement; returns its position."""
+        """Send one event and wait for the broker's acknowledgement; returns its position.
+
+        Raises :class:`UnacknowledgedWriteError` when the broker answered without the record's offset
+        (tansu answers offset -1 for a send that reached it while it was stopping: that record is not in
+        the log), and kafka-python's ``KafkaError`` when it did not answer.
+        """
         topic = self.ensure_topic(event.table)
         value, headers = encode(event)
         meta = self._producer.send(topic, value=value, headers=headers, partition=0).get(timeout=timeout)
-        return Position(topic, int(meta.offset))
+        offset = getattr(meta, "offset", None)
+        if not isinstance(offset, int) or offset < 0:
+            raise UnacknowledgedWriteError(
+                f"the {event.op} to table {event.table!r} was not acknowledged by the event log "
+                f"(offset {offset!r}): it may not have been written; it may be retried"
+            )
+        return Position(topic, offset)
 
     def close(self) -> None:
         self._producer.close()

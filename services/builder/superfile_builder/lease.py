@@ -1,8 +1,13 @@
 """The per-table Redis lease: at most one builder applies a table's log at a time.
 
-Acquire is ``SET key token NX PX ttl`` where the token starts with a fencing
-number from ``INCR`` (strictly increasing per table across all builders), so a
-newer holder always has a larger fence than every older one. A background
+Acquire is one Lua script: if nobody holds the key, it raises the table's
+fencing counter to at least the fence the table's manifest last committed
+under (``log_fences``), ``INCR``s it and ``SET``s ``key token PX ttl`` with the
+token starting with that fence. So a newer holder always has a larger fence
+than every older one, even after a Redis restart without persistence reset
+the counter: the fence derives from the manifest, never from Redis alone (with
+``INCR`` alone the builder took fences below the committed one and had its own
+commits refused until the counter caught up). A background
 thread renews each held lease with a Lua compare-and-pexpire; release is a Lua
 compare-and-delete, so a builder can never extend or delete a lease another
 builder holds.
@@ -21,6 +26,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import redis
 
@@ -31,6 +37,15 @@ log = logging.getLogger(__name__)
 _RENEW_LUA = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
 )
+# KEYS: lease, fence counter; ARGV: owner, ttl ms, committed fence. Returns the new fence, or 0 if held.
+_ACQUIRE_LUA = """
+if redis.call('exists', KEYS[1]) == 1 then return 0 end
+local committed = tonumber(ARGV[3])
+if tonumber(redis.call('get', KEYS[2]) or '0') < committed then redis.call('set', KEYS[2], committed) end
+local fence = redis.call('incr', KEYS[2])
+redis.call('set', KEYS[1], fence .. ':' .. ARGV[1], 'PX', ARGV[2])
+return fence
+"""
 _RELEASE_LUA = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 _MARGIN = 0.1  # fraction of the ttl the holder gives up before Redis would expire the key
 
@@ -47,6 +62,7 @@ class Lease:
         self.key = f"{prefix}:lease:{table}"
         self.fence_key = f"{prefix}:fence:{table}"
         self._client = client
+        self._acquire = client.register_script(_ACQUIRE_LUA)
         self._renew = client.register_script(_RENEW_LUA)
         self._release = client.register_script(_RELEASE_LUA)
         self._lock = threading.Lock()
@@ -65,20 +81,23 @@ class Lease:
         with self._lock:
             return self._token is not None and time.monotonic() < self._valid_until
 
-    def try_acquire(self) -> bool:
-        """Take the lease if nobody holds it; True when this builder now holds it. When another builder
-        holds it, :attr:`expires_in` says when its lease runs out unless renewed."""
+    def try_acquire(self, committed_fence: Callable[[], int] = lambda: 0) -> bool:
+        """Take the lease if nobody holds it; True when this builder now holds it. ``committed_fence`` returns
+        the fence the table's manifest last committed under (asked only when the lease is free): the new
+        fence is above it. When another builder holds the lease, :attr:`expires_in` says when its lease runs
+        out unless renewed."""
         if self.valid():
             return True
         remaining_ms = int(self._client.pttl(self.key))  # -2: no such key; -1: no expiry (not ours to judge)
-        if remaining_ms != -2:  # held elsewhere: do not burn a fence number
+        if remaining_ms != -2:  # held elsewhere: no need to read the manifest
             self.expires_in = remaining_ms / 1000 if remaining_ms >= 0 else self.ttl_ms / 1000
             return False
-        fence = int(self._client.incr(self.fence_key))
-        token = f"{fence}:{self.owner}"
+        floor = committed_fence()
         sent = time.monotonic()
-        if not self._client.set(self.key, token, nx=True, px=self.ttl_ms):
-            return False
+        fence = int(self._acquire(keys=[self.key, self.fence_key], args=[self.owner, self.ttl_ms, floor]))
+        if not fence:
+            return False  # taken meanwhile
+        token = f"{fence}:{self.owner}"
         with self._lock:
             self._token, self._fence = token, fence
             self._valid_until = sent + self.ttl_ms / 1000 * (1 - _MARGIN)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import redis
 from superfile.connection import Connection
-from superfile.errors import SuperfileError, TableNotFoundError
+from superfile.errors import StorageError, SuperfileError, TableNotFoundError
 from superfile.events import LOG_PROPERTY, SOURCES_PROPERTY, topic_for
 from superfile.manifest.model import SuperfileEntry
 from superfile.table import Supertable
@@ -48,7 +48,7 @@ from superfile_builder.indexer import REJECTED, Batch
 from superfile_builder.lease import Lease
 from superfile_builder.metrics import BuilderMetrics
 from superfile_builder.processor import UNDECODABLE, WRONG_TABLE, Processor
-from superfile_builder.publisher import FencedError, Publisher
+from superfile_builder.publisher import FENCE_PROPERTY, FencedError, Publisher
 from superfile_builder.source import KafkaSource
 
 __all__ = ["PipelineConfig", "TablePipeline"]
@@ -146,11 +146,15 @@ class TablePipeline(threading.Thread):
                 # Try again a few times per ttl, and right when the holder's lease runs out: a dead
                 # holder's table is taken over within the lease ttl of its last renewal.
                 try:
-                    acquired = self.lease.try_acquire()
+                    acquired = self.lease.try_acquire(self._committed_fence)
                     wait = min(retry, self.lease.expires_in + _EXPIRY_SLACK_S)
                 except redis.RedisError as exc:
                     log.warning("table %s: lease not acquired: %s", self.table_name, exc)
                     self.metrics.errors.add(1, {**self.labels, "kind": "redis"})
+                    acquired, wait = False, retry
+                except StorageError as exc:
+                    log.warning("table %s: lease not acquired, manifest unreadable: %s", self.table_name, exc)
+                    self.metrics.errors.add(1, {**self.labels, "kind": "storage"})
                     acquired, wait = False, retry
                 if not acquired:
                     self._stopping.wait(wait)
@@ -174,6 +178,11 @@ class TablePipeline(threading.Thread):
                 self._drop()
                 synced = False
                 self._stopping.wait(self.config.retry_s)
+
+    def _committed_fence(self) -> int:
+        """The fence of the table's last commit (its manifest's ``log_fences``): a new lease takes a larger one."""
+        properties = self.conn.open_table(self.table_name).properties
+        return int(properties.get(FENCE_PROPERTY, {}).get(self.topic, 0))
 
     def _drop(self) -> None:
         """Forget the batch being accumulated and wait out a commit in flight (its outcome no longer matters)."""

@@ -1,7 +1,8 @@
 """``python -m superfile_suite up|down|status``: the whole suite as local processes on 127.0.0.1.
 
 ``up`` starts the broker (tansu, its log kept in the S3 server so it survives
-broker restarts), the S3 server (moto), Redis, one builder and the gateway in
+broker restarts), the S3 server (moto), Redis (append-only file in
+``<dir>/redis``, so leases and fencing counters survive a restart), one builder and the gateway in
 suite mode, each in its own session so they outlive this command, and writes
 their pids, addresses and log paths to ``<dir>/suite.json``; ``down`` stops
 them. Ports are fixed (overridable by flags) so the printed URLs are stable.
@@ -75,7 +76,7 @@ def up(args: argparse.Namespace) -> dict[str, Any]:
             log_path=str(logs / "kafka.log"), storage="s3://superfile-broker/", env=broker_env, port=args.kafka_port
         )
         started.append(("kafka", kafka.proc.pid))
-        redis = start_redis(log_path=str(logs / "redis.log"), port=args.redis_port)
+        redis = start_redis(log_path=str(logs / "redis.log"), port=args.redis_port, data_dir=str(state_dir / "redis"))
         started.append(("redis", redis.proc.pid))
         storage = f"s3://{args.bucket}/tables?endpoint_url={s3.url}"
         env = {**_AWS, "AWS_ENDPOINT_URL": s3.url}

@@ -164,8 +164,13 @@ def start_tansu(
     return _start("kafka", argv, lambda port: f"127.0.0.1:{port}", _tcp_open, env=env, log_path=log_path, port=port)
 
 
-def start_redis(log_path: str | None = None, port: int | None = None) -> Server:
-    """A throwaway Redis (no persistence); ``url`` is ``redis://127.0.0.1:PORT/0``."""
+def start_redis(log_path: str | None = None, port: int | None = None, data_dir: str | None = None) -> Server:
+    """Redis; ``url`` is ``redis://127.0.0.1:PORT/0``.
+
+    With ``data_dir`` it persists (append-only file, fsync every second) there, so a restart keeps the
+    builder's fencing counters and leases; without, it is a throwaway (tests restart it to prove the builder
+    does not depend on the counter surviving).
+    """
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server not found; apt-get install -y redis-server (make install-test does)")
@@ -178,9 +183,14 @@ def start_redis(log_path: str | None = None, port: int | None = None) -> Server:
         except OSError:
             return False
 
+    persistence = ["--save", ""]
+    if data_dir is not None:
+        os.makedirs(data_dir, exist_ok=True)
+        persistence += ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", os.path.abspath(data_dir)]
+
     return _start(
         "redis",
-        lambda port: [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--daemonize", "no"],
+        lambda port: [binary, "--port", str(port), "--bind", "127.0.0.1", *persistence, "--daemonize", "no"],
         lambda port: f"redis://127.0.0.1:{port}/0",
         ready,
         log_path=log_path,
