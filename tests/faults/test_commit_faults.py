@@ -113,9 +113,10 @@ def test_lost_answers_on_local_disk(tmp_path: pytest.TempPathFactory) -> None:
 
 @pytest.mark.slow
 def test_lost_answers_on_s3(moto: Server) -> None:
-    """A proxy in front of the S3 server loses the answer of 20% of writes (PUT, DELETE) after the server
-    stored them: every append returns, no row is lost or duplicated, 5 times over."""
-    with FaultyHttpProxy(moto.url, Faults(lose=0.2), seed=7) as proxy:
+    """A proxy in front of the S3 server loses the answer of 20% of conditional PUTs (manifests, parts,
+    deletion vectors, key blocks, the pointer swap, the _id sequence) after the server stored them: every
+    append returns, no row is lost or duplicated, 5 times over."""
+    with FaultyHttpProxy(moto.url, Faults(lose=0.2, match=conditional_put), seed=7) as proxy:
         for repeat in range(REPEATS):
             bucket = _bucket(moto.url)
             _create(superfile.connect(f"s3://{bucket}/tables?endpoint_url={moto.url}"), "t")
@@ -129,16 +130,16 @@ def test_lost_answers_on_s3(moto: Server) -> None:
 
 @pytest.mark.slow
 def test_errors_after_acting_refusals_and_delays_on_s3(moto: Server) -> None:
-    """503 answers to writes the server performed, 503 refusals of writes it never saw, and delays: nothing
-    lost or duplicated, every append returns."""
-    faults = Faults(error=0.1, refuse=0.1, delay=0.1, delay_s=0.05)
+    """503 answers to writes (any PUT or DELETE) the server performed, 503 refusals of writes it never saw,
+    and delays: nothing lost or duplicated, every append returns."""
+    faults = Faults(error=0.05, refuse=0.05, delay=0.1, delay_s=0.05)
     with FaultyHttpProxy(moto.url, faults, seed=11) as proxy:
         bucket = _bucket(moto.url)
         _create(superfile.connect(f"s3://{bucket}/tables?endpoint_url={moto.url}"), "t")
         uri = f"s3://{bucket}/tables?endpoint_url={proxy.endpoint}"
         failures = _run_writers(lambda: superfile.connect(uri), "t")
         assert not failures, f"{len(failures)} appends raised, first: {failures[0]!r}"
-        assert min(proxy.faults.counts[k] for k in ("error", "refuse", "delay")) >= 10
+        assert min(proxy.faults.counts[k] for k in ("error", "refuse", "delay")) >= 5
     _check_exactly_once(superfile.connect(f"s3://{bucket}/tables?endpoint_url={moto.url}"), "t")
 
 

@@ -4,17 +4,20 @@ and cleanup of what killed writers leave behind. The fault-injection runs are in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pyarrow as pa
 import pytest
 import superfile
 from superfile.errors import PreconditionFailedError, StorageError, SuperfileMissingError
-from superfile.io import from_uri, write_new
+from superfile.io import Storage, from_uri, write_new
+from superfile.manifest.store import POINTER
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("text", pa.string())])
 
@@ -109,3 +112,55 @@ def test_cleanup_aborts_multipart_uploads_killed_writers_left(s3_endpoint: str, 
     assert t.cleanup(0, safety_margin=0)["incomplete_removed"] == 1
     assert not client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
     assert t.count_rows() == 1
+
+
+class _LateSwap:
+    """Storage whose first pointer swap gets no answer and reaches the store only at the ``lands_at``-th
+    pointer read after it (a request still in flight), if the pointer has not moved meanwhile (else the
+    server would refuse it)."""
+
+    def __init__(self, inner: Storage, lands_at: int) -> None:
+        self._inner = inner
+        self._lands_at = lands_at
+        self._pending: tuple[str, bytes, str] | None = None
+        self._reads_since = 0
+        self.held = self.landed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def write_if_match(self, path: str, data: bytes, etag: str) -> str:
+        if path == POINTER and not self.held:
+            self.held += 1
+            self._pending = (path, data, etag)
+            raise StorageError("no answer: the swap is still in flight")
+        return self._inner.write_if_match(path, data, etag)
+
+    def child(self, prefix: str) -> _LateSwap:
+        self.table = _LateSwap(self._inner.child(prefix), self._lands_at)  # the table's storage, held here
+        return self.table
+
+    def read_with_etag(self, path: str) -> tuple[bytes, str]:
+        if path == POINTER and self._pending is not None:
+            self._reads_since += 1
+            if self._reads_since == self._lands_at:
+                pending, self._pending = self._pending, None
+                with contextlib.suppress(PreconditionFailedError):
+                    self._inner.write_if_match(*pending)
+                    self.landed += 1
+        return self._inner.read_with_etag(path)
+
+
+@pytest.mark.parametrize("lands_at", [1, 2, 3])
+def test_a_swap_that_lands_late_commits_once(lands_at: int) -> None:
+    """Whenever the unanswered swap reaches the store, among the writer's later reads, the append commits
+    exactly once: it finds its own manifest instead of re-applying on top of it."""
+    uri = f"memory://late-{lands_at}"
+    superfile.connect(uri).create_table("t", SCHEMA).append(_rows([0]))
+    storage = _LateSwap(from_uri(uri), lands_at)
+    t = superfile.Connection(uri, storage=storage).open_table("t")
+    version = t.append(_rows([1, 2]))
+    fresh = superfile.connect(uri).open_table("t")
+    assert storage.table.held == 1 and fresh.version == version
+    assert sorted(fresh.to_arrow(["id"]).column("id").to_pylist()) == [0, 1, 2]
+    assert [v["operation"] for v in fresh.versions()].count("append") == 2

@@ -32,7 +32,6 @@ import pyroaring
 from superfile.errors import (
     CommitStateUnknownError,
     ContentionError,
-    PreconditionFailedError,
     StorageError,
     TableNotFoundError,
 )
@@ -335,11 +334,19 @@ def publish_with(
     or the last attempt's fate is open, :class:`CommitStateUnknownError` says what to look for.
     """
     written: dict[str, ManifestList] = {}  # manifests whose swap failed but may have landed
-    open_bases: set[str] = set()  # bases of swaps that got no answer: while the pointer names one, they may land
+    # Bases of failed swaps no pointer read has settled yet: until the pointer is read past them (or names
+    # ours), a lost answer or a 412 from the client's retry of our own swap may hide a landed commit.
+    open_bases: set[str] = set()
     for attempt in range(max_attempts):
         try:
             pointer, etag = base if base is not None else store.read_pointer()
             base = None
+            if written:  # every pointer read is checked: a swap whose answer was lost may have landed since
+                landed = _in_history(store, written, pointer)
+                if landed is not None:
+                    return landed, written[landed]
+                if pointer.manifest not in open_bases:  # read past them, without ours: none landed or can
+                    open_bases.clear()
             if pointer.table_uuid != table_uuid:
                 raise TableNotFoundError("the table was dropped and re-created while this change was staged")
             current = store.load_list(pointer.manifest)
@@ -348,59 +355,66 @@ def publish_with(
             store.write_list(ml, path)
         except StorageError as err:
             if not open_bases:
-                raise  # every earlier swap was refused for good: nothing committed
-            landed, _ = _landed(store, written)
-            if landed is not None:
-                return landed, written[landed]
-            raise _unknown(store, written, f"storage failed while retrying: {err}") from err
+                raise  # every earlier swap is settled as not landed: nothing committed
+            return _resolve(store, written, open_bases, f"storage failed while retrying: {err}", err)
         try:
             store.swap_pointer(Pointer(ml.version, path, ml.table_uuid), etag)
             return path, ml
         except TableNotFoundError:
             raise
-        except StorageError as err:
+        except StorageError:
             written[path] = ml
-            if not isinstance(err, PreconditionFailedError):
-                open_bases.add(pointer.manifest)
-        landed, head = _landed(store, written)
-        if landed is not None:
-            return landed, written[landed]
-        if head.manifest not in open_bases:  # the pointer moved past every unanswered swap: none can land now
-            open_bases.clear()
-        backoff(attempt)
-    if open_bases:
-        raise _unknown(store, written, "its last pointer swap got no answer and has not landed yet")
-    raise ContentionError(
+            open_bases.add(pointer.manifest)
+        if attempt + 1 < max_attempts:
+            backoff(attempt)
+    lost = ContentionError(
         f"commit lost the publish race {max_attempts} times; too many concurrent writers on this table"
     )
+    if written:
+        return _resolve(store, written, open_bases, "its last pointer swap got no answer and has not landed yet", lost)
+    raise lost
 
 
 _RESOLVE_ATTEMPTS = 6  # reads of the pointer and history to decide a failed swap (about 1.5 s of backoff)
 
 
-def _landed(store: ManifestStore, written: dict[str, ManifestList]) -> tuple[str | None, Pointer]:
-    """Which of ``written`` is in the table's history now (None: none), and the pointer read to tell."""
+def _in_history(store: ManifestStore, written: dict[str, ManifestList], pointer: Pointer) -> str | None:
+    """Which of ``written`` the history up to ``pointer`` names (None: none of them)."""
+    if pointer.manifest in written:
+        return pointer.manifest
     oldest = min(ml.version for ml in written.values())
+    if pointer.version < oldest:
+        return None
+    for entry in reversed(store.load_list(pointer.manifest).history):
+        if entry.version < oldest:
+            break
+        if entry.manifest in written:
+            return entry.manifest
+    return None
+
+
+def _resolve(
+    store: ManifestStore, written: dict[str, ManifestList], open_bases: set[str], why: str, failure: Exception
+) -> tuple[str, ManifestList]:
+    """The commit's outcome once no more attempts are made: one of ``written`` if it landed; ``failure`` when
+    none can land any more (nothing committed); CommitStateUnknownError when one still may, or when storage
+    cannot be read to tell."""
     for attempt in range(_RESOLVE_ATTEMPTS):
         try:
             pointer, _ = store.read_pointer()
-            if pointer.manifest in written:
-                return pointer.manifest, pointer
-            if pointer.version < oldest:
-                return None, pointer
-            head = store.load_list(pointer.manifest)
-            for entry in reversed(head.history):
-                if entry.version < oldest:
-                    break
-                if entry.manifest in written:
-                    return entry.manifest, pointer
-            return None, pointer
+            landed = _in_history(store, written, pointer)
         except TableNotFoundError:
             raise
         except StorageError as err:
             if attempt + 1 == _RESOLVE_ATTEMPTS:
-                raise _unknown(store, written, f"storage failed while checking the history: {err}") from err
+                raise _unknown(store, written, f"{why}; then storage failed: {err}") from err
             backoff(attempt, base=0.05, cap=1.0)
+            continue
+        if landed is not None:
+            return landed, written[landed]
+        if pointer.manifest in open_bases:
+            raise _unknown(store, written, why)
+        raise failure
     raise AssertionError("unreachable")
 
 

@@ -34,7 +34,8 @@ from superfile.errors import (
 
 __all__ = ["ObjectInfo", "Storage", "from_uri", "write_new"]
 
-WRITE_ATTEMPTS = 3  # tries of one create-only write whose answers were lost (on top of the S3 client's own)
+WRITE_ATTEMPTS = 8  # tries of one create-only write whose answers were lost (the S3 client stops retrying once its
+# retry quota is spent, as it is when many answers are lost)
 
 
 @dataclass(frozen=True)
