@@ -233,11 +233,16 @@ class Connection:
         with self._lock:
             self._files.pop(name, None)
 
-    def sql(self, query: str) -> pa.Table:
-        """Run one read-only SQL query over every table (pinned snapshots) and the search table functions."""
-        from superfile.sql import run_sql
+    def sql(self, query: str, *, memory_limit_bytes: int | None = None, max_rows: int | None = None) -> pa.Table:
+        """Run one read-only SQL query over every table (pinned snapshots) and the search table functions.
+        ``memory_limit_bytes`` bounds DataFusion's memory (operators spill to disk where they can; otherwise
+        :class:`QueryLimitError`); ``max_rows`` bounds the result (more is a ``QueryLimitError``)."""
+        from superfile.sql import SqlLimits, run_sql
 
-        return run_sql(self, query)
+        for name, value in (("memory_limit_bytes", memory_limit_bytes), ("max_rows", max_rows)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+        return run_sql(self, query, SqlLimits(memory_bytes=memory_limit_bytes, max_rows=max_rows))
 
     def __repr__(self) -> str:
         return f"Connection({self.uri!r})"

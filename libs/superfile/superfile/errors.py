@@ -18,6 +18,8 @@ __all__ = [
     "InvalidVectorError",
     "ObjectNotFoundError",
     "PreconditionFailedError",
+    "QueryLimitError",
+    "QueryTimeoutError",
     "ReadOnlyTableError",
     "SchemaMismatchError",
     "ShortReadError",
@@ -75,6 +77,17 @@ class InvalidOptionError(InvalidInputError):
 
 class SqlError(InvalidInputError):
     """A SQL query could not be parsed, planned or run, or tried something SQL may not do."""
+
+
+class QueryLimitError(SqlError):
+    """A query went past one of its limits (memory, result rows, size of its text); it was stopped and
+    nothing it did remains. The message names the limit and its setting."""
+
+
+class QueryTimeoutError(SuperfileError):
+    """A query ran past its time limit (or its client went away) and was cancelled."""
+
+    http_status = 408
 
 
 class TableNotFoundError(SuperfileError, KeyError):

@@ -15,13 +15,15 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from datafusion import SessionConfig, SessionContext, SQLOptions, udtf
+from datafusion import RuntimeEnvBuilder, SessionConfig, SessionContext, SQLOptions, udtf
 from sqlglot import exp
 
 from superfile.errors import (
     InvalidPredicateError,
     InvalidTableNameError,
+    QueryLimitError,
     SqlError,
+    StorageError,
     SuperfileError,
     TableNotFoundError,
 )
@@ -29,6 +31,7 @@ from superfile.expressions import Predicate, predicate_of_conjuncts
 from superfile.expressions.nodes import And, Column, Compare, ScalarPlan
 from superfile.schema import ID
 from superfile.sql.functions import FUNCTIONS, TableFunctionError
+from superfile.sql.limits import SqlLimits, check_text
 from superfile.sql.plan import QueryHints, analyze
 from superfile.table.snapshot import Snapshot
 
@@ -87,9 +90,12 @@ def pinned_values(where: Predicate | None, schema: pa.Schema) -> dict[str, pa.Sc
 class SqlSession:
     """Pinned snapshots (one per table, taken on first use) and the DataFusion context of one query."""
 
-    def __init__(self, conn: Connection, query: str, *, conservative: bool = False) -> None:
+    def __init__(
+        self, conn: Connection, query: str, *, conservative: bool = False, limits: SqlLimits | None = None
+    ) -> None:
         self.conn = conn
         self.query = query
+        self.limits = limits or SqlLimits()
         self.hints: QueryHints = QueryHints() if conservative else analyze(query)
         if conservative:  # every table whose name is a word of the query, every scalar column, nothing pushed
             self.hints.words = {w for w in re.findall(r"[A-Za-z0-9_\-]+", query)}
@@ -101,7 +107,13 @@ class SqlSession:
         self.pushed: dict[str, str] = {}  # table -> predicate text pushed into its scan (for tests and docs)
         self.counted: str | None = None  # the table a plain count(*) was answered from without DataFusion
         config = SessionConfig().with_information_schema(False).with_target_partitions(4)
-        self.ctx = SessionContext(config)
+        runtime = RuntimeEnvBuilder()
+        if self.limits.memory_bytes is not None:
+            runtime = runtime.with_fair_spill_pool(self.limits.memory_bytes).with_disk_manager_os()
+            # Each sorting partition reserves this up front to merge its spills; 10 MB each would not fit small pools.
+            reserve = min(10 << 20, self.limits.memory_bytes // 32)
+            config = config.set("datafusion.execution.sort_spill_reservation_bytes", str(reserve))
+        self.ctx = SessionContext(config, runtime)
         for name, fn in FUNCTIONS.items():
             self.ctx.register_udtf(udtf(self._bind(fn), name))
 
@@ -261,27 +273,41 @@ class SqlSession:
                 return counted
             self.register_tables()
             df = self.ctx.sql_with_options(self.query, _options())
-            return df.to_arrow_table()
-        except SqlError:
-            raise
+            cap = self.limits.max_rows
+            result = (df if cap is None else df.limit(cap + 1)).to_arrow_table()
+        except (SqlError, StorageError):
+            raise  # storage failures keep their type (503): the query may succeed when storage answers again
         except SuperfileError as e:
             raise SqlError(str(e)) from e
         except Exception as e:
+            if isinstance(self.error, StorageError):
+                raise self.error from e
             if self.error is not None:
                 raise SqlError(str(self.error)) from self.error
-            raise SqlError(_message(e)) from e
+            message = _message(e)
+            if "Resources exhausted" in message or "Not enough memory" in message:
+                raise QueryLimitError(
+                    f"the query needs more memory than its limit of {self.limits.memory_bytes} bytes "
+                    f"(spilling to disk was not enough): {message}"
+                ) from e
+            raise SqlError(message) from e
+        if cap is not None and result.num_rows > cap:
+            raise QueryLimitError(f"the result has more than {cap} rows, the limit: aggregate, filter or add LIMIT")
+        return result
 
 
-def run_sql(conn: Connection, query: str) -> pa.Table:
-    """Run one read-only SQL query over the connection's tables (see docs/sql.md)."""
+def run_sql(conn: Connection, query: str, limits: SqlLimits | None = None) -> pa.Table:
+    """Run one read-only SQL query over the connection's tables (see docs/sql.md), within ``limits``."""
     if not isinstance(query, str) or not query.strip():
         raise SqlError("the query must be a non-empty SQL string")
-    session = SqlSession(conn, query)
+    limits = limits or SqlLimits()
+    query = check_text(query, limits)
+    session = SqlSession(conn, query, limits=limits)
     try:
         return session.run()
     except SqlError as e:
         # The static analysis is a hint; should it have missed a table or a column that DataFusion wants,
         # run once more with the conservative hints (the first attempt returned nothing, so nothing is mixed).
         if session.hints.parsed and session.error is None and ("not found" in str(e) or "No field named" in str(e)):
-            return SqlSession(conn, query, conservative=True).run()
+            return SqlSession(conn, query, conservative=True, limits=limits).run()
         raise
