@@ -19,7 +19,6 @@ __all__ = [
     "ObjectNotFoundError",
     "PreconditionFailedError",
     "QueryLimitError",
-    "QueryTimeoutError",
     "ReadOnlyTableError",
     "SchemaMismatchError",
     "ShortReadError",
@@ -82,12 +81,6 @@ class SqlError(InvalidInputError):
 class QueryLimitError(SqlError):
     """A query went past one of its limits (memory, result rows, size of its text); it was stopped and
     nothing it did remains. The message names the limit and its setting."""
-
-
-class QueryTimeoutError(SuperfileError):
-    """A query ran past its time limit (or its client went away) and was cancelled."""
-
-    http_status = 408
 
 
 class TableNotFoundError(SuperfileError, KeyError):

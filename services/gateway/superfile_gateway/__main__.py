@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -16,8 +17,16 @@ __all__ = ["main", "serve"]
 
 
 def serve(settings: Settings) -> None:
-    """Run uvicorn on ``settings.host:settings.port`` until interrupted."""
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    """Run uvicorn on ``settings.host:settings.port`` until interrupted. On SIGTERM it stops accepting,
+    lets requests in flight finish for ``settings.drain_s``, then cancels what still runs (SQL workers are
+    killed) and exits."""
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        timeout_graceful_shutdown=math.ceil(settings.drain_s),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

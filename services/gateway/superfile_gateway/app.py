@@ -8,6 +8,7 @@ request costs one small pointer read, not a re-open.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import logging
@@ -18,9 +19,10 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 import pyarrow as pa
 from fastapi import Body, Depends, FastAPI, Header, Query, Request
@@ -35,6 +37,7 @@ from superfile.errors import (
     InvalidInputError,
     InvalidOptionError,
     InvalidVectorError,
+    QueryLimitError,
     SuperfileError,
     TableExistsError,
     TableNotFoundError,
@@ -52,11 +55,12 @@ from superfile.remote.wire import (
     to_ipc,
 )
 from superfile.schema import ID, SCORE
-from superfile.sql import run_sql
+from superfile.sql import SqlLimits
 from superfile.table import Supertable
 from superfile.table.cleanup import DEFAULT_RETENTION
 from superfile.telemetry import CONTENT_TYPE, meter, render, seconds_histogram
 
+from superfile_gateway.admission import Admission
 from superfile_gateway.auth import KeyRing, Principal, RedactKeysInUrls, refuse_keys_in_url
 from superfile_gateway.guard import Guard, InFlight
 from superfile_gateway.models import (
@@ -76,12 +80,14 @@ from superfile_gateway.models import (
     VectorRequest,
 )
 from superfile_gateway.settings import Settings
+from superfile_gateway.sql_workers import SqlWorkers, run_visible
 from superfile_gateway.writes import EmbeddedWrites, LogWrites, WritePath, WriteResult, wait_visible
 
 __all__ = ["At", "Gateway", "create_app", "parse_as_of"]
 
 log = logging.getLogger("superfile.gateway")
 _PINNED_HANDLES = 64  # read-only handles on past versions kept open
+_READY_TIMEOUT_S = 5.0  # readiness answers 503 when storage takes longer than this to list tables
 _EPOCH_MS = re.compile(r"-?\d+")
 
 
@@ -150,33 +156,17 @@ def _observe_caches(m: Meter, cache: DiskCache | None) -> None:
         m.create_observable_counter(name, callbacks=[observed(total)], description=description)
 
 
-class _Catalog:
-    """The catalog as one key sees it, for SQL: tables it may not read do not exist."""
-
-    def __init__(self, db: Connection, principal: Principal) -> None:
-        self._db = db
-        self._principal = principal
-
-    def table_names(self) -> list[str]:
-        return [n for n in self._db.table_names() if self._principal.can(n, "r")]
-
-    def open_table(self, name: str) -> Supertable:
-        if not self._principal.can(name, "r"):
-            raise TableNotFoundError(f"table {name!r} does not exist")
-        return self._db.open_table(name)
-
-
 class Gateway:
     """The state behind the routes: the catalog, open table handles, the write path, keys and metrics."""
 
     def __init__(self, settings: Settings, writes: WritePath | None = None) -> None:
         self.settings = settings
-        self.db = Connection(
-            settings.storage,
-            cache_dir=settings.cache_dir,
-            cache_budget_bytes=settings.cache_budget_bytes,
-            cache_memory_bytes=settings.cache_memory_bytes,
-        )
+        connect_options: dict[str, Any] = {
+            "cache_dir": settings.cache_dir,
+            "cache_budget_bytes": settings.cache_budget_bytes,
+            "cache_memory_bytes": settings.cache_memory_bytes,
+        }
+        self.db = Connection(settings.storage, **connect_options)
         self.keys = KeyRing(settings.api_keys, enabled=settings.auth)
         if writes is None:
             writes = (
@@ -199,6 +189,23 @@ class Gateway:
         self.requests = m.create_counter("superfile.gateway.requests", description="HTTP requests by status")
         self.errors = m.create_counter("superfile.gateway.errors", description="Error responses by error type")
         _observe_caches(m, self.db.disk_cache)
+        self.admission = Admission(
+            totals={"sql": settings.sql_max_concurrent, "search": settings.search_max_concurrent},
+            per_key=settings.max_concurrent_per_key,
+            meter=m,
+        )
+        self.sql = SqlWorkers(
+            settings.storage,
+            connect_options,
+            workers=settings.sql_workers,
+            timeout_s=settings.sql_timeout_s,
+            memory_bytes=settings.sql_memory_bytes,
+            max_rows=settings.max_result_rows,
+            admission=self.admission,
+            meter=m,
+        )
+        self._readiness = ThreadPoolExecutor(1, thread_name_prefix="superfile-readyz")  # never behind queries
+        self._ready_check: asyncio.Future[tuple[bool, str]] | None = None
 
     # -- tables -------------------------------------------------------------------------
     def table(self, name: str, at: At = LATEST) -> Supertable:
@@ -278,15 +285,7 @@ class Gateway:
         wait_for: str | None,
         run: Callable[[Supertable], pa.Table],
     ) -> Response:
-        """A top-k search: on the event loop when it is the only request in flight, else on the thread pool.
-
-        A search is short and bounded by k; a lone one skips the hand-off to a
-        worker thread and back (about half a millisecond on a busy machine). As soon
-        as requests overlap they go to the pool, so none waits behind another; a
-        search that waits for a position always does.
-        """
-        if wait_for is None and self.inflight.count <= 1:
-            return self.query(request, principal, name, kind, at, wait_for, run)
+        """A search, on the thread pool: the event loop only routes (health and metrics never wait behind one)."""
         return await run_in_threadpool(self.query, request, principal, name, kind, at, wait_for, run)
 
     def query(
@@ -318,7 +317,8 @@ class Gateway:
         wait_for: str | None,
         run: Callable[[Supertable], Any],
     ) -> Any:
-        """A read: scope check, then the handle (past, or waiting for ``wait_for``) and the engine call, timed."""
+        """A read: scope check, admission (429 past the caps), then the handle (past, or waiting for
+        ``wait_for``) and the engine call, timed."""
         principal.require(name, "r")
         if at.pinned and wait_for is not None:
             raise InvalidInputError(
@@ -326,7 +326,7 @@ class Gateway:
             )
         start = time.perf_counter()
         try:
-            with self.using(name):
+            with self.admission.enter("search", principal), self.using(name):
                 table = self.table(name, at)
                 if wait_for is not None:
                     self.wait_for(table, wait_for)
@@ -429,11 +429,36 @@ class Gateway:
             f"{_literal(req.query)}, {_literal(req.vector_column)}, {vector}, {int(req.k)}) "
             f"ORDER BY {SCORE} DESC, {ID}"
         )
-        out = run_sql(cast(Connection, _Catalog(self.db, principal)), query)  # _Catalog has what run_sql uses
+        out = run_visible(self.db, principal, query, SqlLimits())
         rest = [c for c in out.column_names if c not in (ID, SCORE)]
         return out.select([ID, SCORE, *rest])
 
-    def ready(self) -> tuple[bool, str]:
+    def scan(self, table: Supertable, req: ScanRequest) -> pa.Table:
+        """``to_arrow``, refused before reading when more rows match than ``max_result_rows``."""
+        cap = self.settings.max_result_rows
+        found = table.count_rows(req.where)
+        if found > cap:
+            raise QueryLimitError(
+                f"{found} rows match, more than the limit of {cap} (SUPERFILE_MAX_RESULT_ROWS): narrow the scan "
+                "with where, or aggregate with SQL"
+            )
+        return table.to_arrow(columns=req.columns, where=req.where)
+
+    def result_cap(self, asked: int | None) -> int:
+        return min(asked or self.settings.max_result_rows, self.settings.max_result_rows)
+
+    async def ready(self) -> tuple[bool, str]:
+        """Storage lists tables within 5 s and the broker answers; checked on a thread of its own, one check
+        at a time (a hung storage does not pile threads up)."""
+        if self._ready_check is None or self._ready_check.done():
+            loop = asyncio.get_running_loop()
+            self._ready_check = asyncio.wrap_future(self._readiness.submit(self._check_ready), loop=loop)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._ready_check), _READY_TIMEOUT_S)
+        except TimeoutError:
+            return False, f"storage did not answer within {_READY_TIMEOUT_S:g} s"
+
+    def _check_ready(self) -> tuple[bool, str]:
         try:
             self.db.table_names()
         except SuperfileError as e:
@@ -443,7 +468,9 @@ class Gateway:
         return True, "ready"
 
     def close(self) -> None:
+        self.sql.close()
         self.writes.close()
+        self._readiness.shutdown(wait=False, cancel_futures=True)
 
 
 def _ident(name: str) -> str:
@@ -620,17 +647,18 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         return _error(500, "InternalError", "internal error; see the gateway's log")
 
     # -- service ----------------------------------------------------------------------
+    # async: answered on the event loop, never queued behind queries on the thread pool
     @app.get("/healthz", tags=["service"])
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["service"])
-    def readyz() -> JSONResponse:
-        ok, detail = gw.ready()
+    async def readyz() -> JSONResponse:
+        ok, detail = await gw.ready()
         return JSONResponse({"status": detail, "mode": gw.writes.mode}, status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["service"])
-    def metrics() -> Response:
+    async def metrics() -> Response:
         return Response(render(), media_type=CONTENT_TYPE)
 
     # -- catalog ----------------------------------------------------------------------
@@ -793,7 +821,9 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
             "token_match",
             at,
             wait_for,
-            lambda t: t.token_match(req.column, req.tokens, req.mode, projection=req.projection),
+            lambda t: t.token_match(
+                req.column, req.tokens, req.mode, projection=req.projection, max_rows=gw.result_cap(req.max_rows)
+            ),
         )
 
     @app.post("/tables/{name}/search/exact_match", tags=["search"])
@@ -807,7 +837,9 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
             "exact_match",
             at,
             wait_for,
-            lambda t: t.exact_match(req.column, req.value, projection=req.projection),
+            lambda t: t.exact_match(
+                req.column, req.value, projection=req.projection, max_rows=gw.result_cap(req.max_rows)
+            ),
         )
 
     @app.post("/tables/{name}/search/vector", tags=["search"])
@@ -839,9 +871,7 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
 
     @app.post("/tables/{name}/scan", tags=["reads"])
     def scan(name: str, req: ScanRequest, request: Request, p: Auth, at: ReadAt, wait_for: WaitFor = None) -> Response:
-        return gw.query(
-            request, p, name, "scan", at, wait_for, lambda t: t.to_arrow(columns=req.columns, where=req.where)
-        )
+        return gw.query(request, p, name, "scan", at, wait_for, lambda t: gw.scan(t, req))
 
     @app.post("/tables/{name}/count", tags=["reads"])
     def count(name: str, req: CountRequest, p: Auth, at: ReadAt, wait_for: WaitFor = None) -> dict[str, int]:
@@ -884,13 +914,16 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         return gw.maintain(p, name, "cleanup", lambda t: gw.cleanup(t, req or CleanupRequest()))
 
     @app.post("/sql", tags=["reads"])
-    def sql(req: SqlRequest, request: Request, p: Auth) -> Response:
+    async def sql(req: SqlRequest, request: Request, p: Auth) -> Response:
+        """In a worker process, under the time, memory, row and concurrency limits (docs/gateway.md, "Limits");
+        stopped when the client goes away."""
         start = time.perf_counter()
         try:
-            result = run_sql(cast(Connection, _Catalog(gw.db, p)), req.query)  # _Catalog has what run_sql uses
+            limits = gw.sql.limits(req.memory_limit_bytes, req.max_rows)
+            result = await gw.sql.run(req.query, p, limits, request.is_disconnected)
         finally:
             gw.query_seconds.record(time.perf_counter() - start, {"kind": "sql"})
-        return encode(request, result)
+        return await run_in_threadpool(encode, request, result)  # up to max_result_rows: not on the event loop
 
     app.add_middleware(
         Guard,

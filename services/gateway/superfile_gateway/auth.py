@@ -59,6 +59,11 @@ class Principal:
         if not self.can(table, scope):
             raise PermissionDeniedError(f"this API key may not {_WORD[scope]} table {table!r}")
 
+    @property
+    def identity(self) -> bytes:
+        """Which key this is, for per-key caps (the key's digest; empty when authentication is off)."""
+        return self.grants[0].digest if self.grants else b""
+
     def visible(self, table: str) -> bool:
         """Whether the table shows up for this key at all (any scope on it)."""
         return self.can(table, "r") or self.can(table, "w")

@@ -81,12 +81,14 @@ class TokenMatchRequest(_Body):
     tokens: str | list[str]
     mode: str = "and"
     projection: list[str] | None = None
+    max_rows: int | None = Field(default=None, ge=1, description="at most this many rows (the gateway caps it)")
 
 
 class ExactMatchRequest(_Body):
     column: str
     value: str
     projection: list[str] | None = None
+    max_rows: int | None = Field(default=None, ge=1, description="at most this many rows (the gateway caps it)")
 
 
 class VectorRequest(_Body):
@@ -126,6 +128,8 @@ class DeleteRequest(_Body):
 
 class SqlRequest(_Body):
     query: str
+    memory_limit_bytes: int | None = Field(default=None, ge=1, description="tighter than the gateway's own limit")
+    max_rows: int | None = Field(default=None, ge=1, description="tighter than the gateway's own cap")
 
 
 class OptimizeRequest(_Body):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -27,7 +28,11 @@ class BackgroundServer:
         self.settings = settings
         self.app = create_app(settings, writes=writes)
         self._start_timeout = start_timeout
-        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False))
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                self.app, log_level="warning", access_log=False, timeout_graceful_shutdown=math.ceil(settings.drain_s)
+            )
+        )
         self._thread: threading.Thread | None = None
         self.url = ""
 

@@ -12,6 +12,7 @@ from superfile.io.cache import DEFAULT_BUDGET_BYTES
 __all__ = ["ApiKey", "ConfigError", "Settings", "parse_api_keys"]
 
 _SCOPES = frozenset("rw")
+_MIN_WORKER_BYTES = 384 << 20
 
 
 class ConfigError(ValueError):
@@ -83,6 +84,15 @@ class Settings:
     cache_dir: str | None = None
     cache_budget_bytes: int = DEFAULT_BUDGET_BYTES
     cache_memory_bytes: int | None = None
+    # limits (docs/gateway.md, "Limits")
+    sql_workers: int = 2  # processes running SQL
+    sql_timeout_s: float = 30.0  # a SQL query past this is stopped (its worker killed)
+    sql_memory_bytes: int = 2 << 30  # resident memory of all SQL workers together (DataFusion's pools inside it)
+    sql_max_concurrent: int = 4  # SQL queries admitted at once (running, or waiting for a worker)
+    search_max_concurrent: int = 32  # searches, scans and counts at once
+    max_concurrent_per_key: int = 8  # SQL queries and searches at once from one API key
+    max_result_rows: int = 1_000_000  # rows one SQL query, scan, token_match or exact_match may return
+    drain_s: float = 10.0  # on SIGTERM: finish requests in flight for this long, then stop what still runs
 
     def __post_init__(self) -> None:
         if not self.storage:
@@ -104,6 +114,26 @@ class Settings:
                 f"and {self.cache_memory_bytes}"
             )
 
+        for name in (
+            "sql_workers",
+            "sql_memory_bytes",
+            "sql_max_concurrent",
+            "search_max_concurrent",
+            "max_concurrent_per_key",
+            "max_result_rows",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.sql_memory_bytes // self.sql_workers < _MIN_WORKER_BYTES:
+            raise ConfigError(
+                f"sql_memory_bytes ({self.sql_memory_bytes}) gives each of the {self.sql_workers} SQL workers less "
+                f"than {_MIN_WORKER_BYTES >> 20} MiB (a worker's own code takes about 180 MB)"
+            )
+        if not self.sql_timeout_s > 0 or not self.drain_s >= 0:
+            raise ConfigError(
+                f"sql_timeout_s must be positive and drain_s non-negative, got {self.sql_timeout_s} and {self.drain_s}"
+            )
+
     @property
     def mode(self) -> str:
         return "suite" if self.kafka else "embedded"
@@ -113,7 +143,10 @@ class Settings:
         """``SUPERFILE_STORAGE`` (required), ``SUPERFILE_API_KEYS``, ``SUPERFILE_NO_AUTH``, ``SUPERFILE_KAFKA``,
         ``SUPERFILE_TOPIC_PREFIX``, ``SUPERFILE_MAX_BODY_BYTES``, ``SUPERFILE_WAIT_TIMEOUT_S``,
         ``SUPERFILE_CLEANUP_MIN_AGE_S``, ``SUPERFILE_HOST``, ``SUPERFILE_PORT``, ``SUPERFILE_CACHE_DIR``,
-        ``SUPERFILE_CACHE_BUDGET_BYTES``, ``SUPERFILE_CACHE_MEMORY_BYTES``."""
+        ``SUPERFILE_CACHE_BUDGET_BYTES``, ``SUPERFILE_CACHE_MEMORY_BYTES``, and the limits:
+        ``SUPERFILE_SQL_WORKERS``, ``SUPERFILE_SQL_TIMEOUT_S``, ``SUPERFILE_SQL_MEMORY_BYTES``,
+        ``SUPERFILE_SQL_MAX_CONCURRENT``, ``SUPERFILE_SEARCH_MAX_CONCURRENT``, ``SUPERFILE_MAX_CONCURRENT_PER_KEY``,
+        ``SUPERFILE_MAX_RESULT_ROWS``, ``SUPERFILE_DRAIN_S``."""
         e = os.environ if env is None else env
         try:
             return cls(
@@ -130,6 +163,14 @@ class Settings:
                 cache_dir=e.get("SUPERFILE_CACHE_DIR") or None,
                 cache_budget_bytes=int(e.get("SUPERFILE_CACHE_BUDGET_BYTES", DEFAULT_BUDGET_BYTES)),
                 cache_memory_bytes=int(memory) if (memory := e.get("SUPERFILE_CACHE_MEMORY_BYTES")) else None,
+                sql_workers=int(e.get("SUPERFILE_SQL_WORKERS", 2)),
+                sql_timeout_s=float(e.get("SUPERFILE_SQL_TIMEOUT_S", 30.0)),
+                sql_memory_bytes=int(e.get("SUPERFILE_SQL_MEMORY_BYTES", 2 << 30)),
+                sql_max_concurrent=int(e.get("SUPERFILE_SQL_MAX_CONCURRENT", 4)),
+                search_max_concurrent=int(e.get("SUPERFILE_SEARCH_MAX_CONCURRENT", 32)),
+                max_concurrent_per_key=int(e.get("SUPERFILE_MAX_CONCURRENT_PER_KEY", 8)),
+                max_result_rows=int(e.get("SUPERFILE_MAX_RESULT_ROWS", 1_000_000)),
+                drain_s=float(e.get("SUPERFILE_DRAIN_S", 10.0)),
             )
         except ValueError as exc:
             if isinstance(exc, ConfigError):

@@ -12,6 +12,9 @@ from superfile.remote.errors import (
     GatewayUnavailableError,
     PayloadTooLargeError,
     PermissionDeniedError,
+    QueryCrashedError,
+    QueryTimeoutError,
+    TooManyRequestsError,
     VisibilityTimeoutError,
 )
 from superfile.remote.table import RemoteTable
@@ -22,7 +25,10 @@ __all__ = [
     "GatewayUnavailableError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "QueryCrashedError",
+    "QueryTimeoutError",
     "RemoteConnection",
     "RemoteTable",
+    "TooManyRequestsError",
     "VisibilityTimeoutError",
 ]

@@ -253,9 +253,15 @@ class RemoteConnection:
     def drop_table(self, name: str) -> None:
         self._request("DELETE", f"/tables/{check_name(name)}")
 
-    def sql(self, query: str) -> pa.Table:
-        """Run one read-only SQL query (tables the API key cannot read do not exist for it)."""
-        return self._arrow("/sql", {"query": query})
+    def sql(self, query: str, *, memory_limit_bytes: int | None = None, max_rows: int | None = None) -> pa.Table:
+        """Run one read-only SQL query (tables the API key cannot read do not exist for it), within the
+        gateway's limits, tightened by ``memory_limit_bytes`` and ``max_rows``."""
+        body: dict[str, object] = {"query": query}
+        if memory_limit_bytes is not None:
+            body["memory_limit_bytes"] = memory_limit_bytes
+        if max_rows is not None:
+            body["max_rows"] = max_rows
+        return self._arrow("/sql", body)
 
     def close(self) -> None:
         self._pool.close()

@@ -15,6 +15,9 @@ __all__ = [
     "GatewayUnavailableError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "QueryCrashedError",
+    "QueryTimeoutError",
+    "TooManyRequestsError",
     "VisibilityTimeoutError",
     "error_class",
 ]
@@ -44,6 +47,26 @@ class VisibilityTimeoutError(SuperfileError):
     http_status = 504
 
 
+class TooManyRequestsError(SuperfileError):
+    """The gateway is running as many queries as it admits (for this key, or in all); retry after a pause
+    (the answer's ``Retry-After``)."""
+
+    http_status = 429
+
+
+class QueryTimeoutError(SuperfileError):
+    """A SQL query ran past the gateway's time limit and was stopped (its worker process killed)."""
+
+    http_status = 504
+
+
+class QueryCrashedError(SuperfileError):
+    """The process running a SQL query died (a native crash, or its address-space limit); the gateway
+    replaced it and is unharmed. The message names the signal."""
+
+    http_status = 500
+
+
 class GatewayUnavailableError(StorageError):
     """The gateway could not be reached (connection refused, reset, timed out)."""
 
@@ -66,6 +89,9 @@ _REMOTE = {
         PayloadTooLargeError,
         VisibilityTimeoutError,
         GatewayUnavailableError,
+        TooManyRequestsError,
+        QueryTimeoutError,
+        QueryCrashedError,
     )
 }
 _BY_STATUS: dict[int, type[SuperfileError]] = {
@@ -75,6 +101,7 @@ _BY_STATUS: dict[int, type[SuperfileError]] = {
     404: engine_errors.TableNotFoundError,
     413: PayloadTooLargeError,
     422: InvalidInputError,
+    429: TooManyRequestsError,
     504: VisibilityTimeoutError,
 }
 

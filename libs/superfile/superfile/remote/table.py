@@ -206,12 +206,22 @@ class RemoteTable:
         return self._search("prefix", {"column": column, "prefix": prefix, "k": k, "projection": projection})
 
     def token_match(
-        self, column: str, tokens: str | list[str], mode: str = "and", *, projection: list[str] | None = None
+        self,
+        column: str,
+        tokens: str | list[str],
+        mode: str = "and",
+        *,
+        projection: list[str] | None = None,
+        max_rows: int | None = None,
     ) -> pa.Table:
-        return self._search("token_match", {"column": column, "tokens": tokens, "mode": mode, "projection": projection})
+        body = {"column": column, "tokens": tokens, "mode": mode, "projection": projection, "max_rows": max_rows}
+        return self._search("token_match", body)
 
-    def exact_match(self, column: str, value: str, *, projection: list[str] | None = None) -> pa.Table:
-        return self._search("exact_match", {"column": column, "value": value, "projection": projection})
+    def exact_match(
+        self, column: str, value: str, *, projection: list[str] | None = None, max_rows: int | None = None
+    ) -> pa.Table:
+        body = {"column": column, "value": value, "projection": projection, "max_rows": max_rows}
+        return self._search("exact_match", body)
 
     def vector_search(
         self,

@@ -33,6 +33,12 @@ from superfile.table.writer import Transaction
 __all__ = ["Supertable", "Transaction"]
 
 
+def _positive(max_rows: int | None) -> int | None:
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
+        raise InvalidOptionError(f"max_rows must be a positive integer, got {max_rows!r}")
+    return max_rows
+
+
 def _rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as f:
@@ -236,14 +242,24 @@ class Supertable:
         return Searcher(self._current()).bm25_search_prefix(column, prefix, k, projection)
 
     def token_match(
-        self, column: str, tokens: str | list[str], mode: str = "and", *, projection: list[str] | None = None
+        self,
+        column: str,
+        tokens: str | list[str],
+        mode: str = "and",
+        *,
+        projection: list[str] | None = None,
+        max_rows: int | None = None,
     ) -> pa.Table:
-        """Every row containing all (``and``) or any (``or``) of the tokens: unranked, score null."""
-        return Searcher(self._current()).token_match(column, tokens, mode, projection)
+        """Every row containing all (``and``) or any (``or``) of the tokens: unranked, score null. More
+        matches than ``max_rows`` is a :class:`QueryLimitError` (raised before any row is read)."""
+        return Searcher(self._current()).token_match(column, tokens, mode, projection, _positive(max_rows))
 
-    def exact_match(self, column: str, value: str, *, projection: list[str] | None = None) -> pa.Table:
-        """Every row whose stored value equals ``value`` exactly (index-pruned, then compared raw)."""
-        return Searcher(self._current()).exact_match(column, value, projection)
+    def exact_match(
+        self, column: str, value: str, *, projection: list[str] | None = None, max_rows: int | None = None
+    ) -> pa.Table:
+        """Every row whose stored value equals ``value`` exactly (index-pruned, then compared raw); more
+        than ``max_rows`` is a :class:`QueryLimitError`."""
+        return Searcher(self._current()).exact_match(column, value, projection, _positive(max_rows))
 
     def vector_search(
         self,

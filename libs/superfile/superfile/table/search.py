@@ -33,6 +33,7 @@ from superfile.errors import (
     InvalidInputError,
     InvalidOptionError,
     InvalidVectorError,
+    QueryLimitError,
     UnknownColumnError,
     VectorDimensionError,
 )
@@ -415,7 +416,12 @@ class Searcher:
         return self.bm25(column, terms, k, "any", projection)
 
     def token_match(
-        self, column: str, tokens: str | Sequence[str], mode: str, projection: Sequence[str] | None
+        self,
+        column: str,
+        tokens: str | Sequence[str],
+        mode: str,
+        projection: Sequence[str] | None,
+        max_rows: int | None = None,
     ) -> pa.Table:
         self._fts_column(column)
         mode = {"and": "all", "or": "any", "all": "all", "any": "any"}.get(
@@ -434,9 +440,11 @@ class Searcher:
                 rows &= live
             return _Hits(e, np.fromiter(rows, np.int64, len(rows)), None)
 
-        return self._result(self._run(one, candidates), None, True, projection)
+        return self._unranked(self._run(one, candidates), projection, max_rows)
 
-    def exact_match(self, column: str, value: str, projection: Sequence[str] | None) -> pa.Table:
+    def exact_match(
+        self, column: str, value: str, projection: Sequence[str] | None, max_rows: int | None = None
+    ) -> pa.Table:
         """Two passes: the index prunes to candidate rows, a raw string comparison decides."""
         self._fts_column(column)
         if not isinstance(value, str):
@@ -459,7 +467,14 @@ class Searcher:
                 offsets = offsets[np.asarray([t == value for t in text], bool)]
             return _Hits(e, offsets, None)
 
-        return self._result(self._run(one, candidates), None, True, projection)
+        return self._unranked(self._run(one, candidates), projection, max_rows)
+
+    def _unranked(self, hits: list[_Hits], projection: Sequence[str] | None, max_rows: int | None) -> pa.Table:
+        """Every hit as a row, unless there are more than ``max_rows`` (counted before any row is read)."""
+        found = sum(len(h.offsets) for h in hits)
+        if max_rows is not None and found > max_rows:
+            raise QueryLimitError(f"{found} rows match, more than the limit of {max_rows}: narrow the match")
+        return self._result(hits, None, True, projection)
 
     # -- vectors -----------------------------------------------------------------------
     def _allowed(
