@@ -16,8 +16,13 @@ import httpx
 import pyarrow as pa
 import pytest
 import superfile
+from e2e_support import wait_until
+from superfile.remote.errors import TooManyRequestsError
+from superfile.telemetry import meter
 from superfile_builder.metrics import BuilderMetrics
 from superfile_gateway import BackgroundServer, Settings
+from superfile_gateway.admission import Admission
+from superfile_gateway.auth import Principal
 from superfile_ingest.metrics import IngestMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +116,12 @@ def test_dashboard_metrics_are_exported(tmp_path: Path) -> None:
     ingest.onQueryProgress(SimpleNamespace(progress=SimpleNamespace(**progress)))
     ingest.onQueryTerminated(SimpleNamespace(id="q1", exception="boom"))
 
-    settings = Settings(storage=f"file://{tmp_path}", api_keys=(), auth=False)
+    # a 429: caps of zero refuse everything (the counter is the gateway's, shared by name)
+    closed = Admission(totals={"sql": 0, "search": 0}, per_key=1, meter=meter("superfile.gateway"))
+    with pytest.raises(TooManyRequestsError), closed.enter("sql", Principal(())):
+        pass
+
+    settings = Settings(storage=f"file://{tmp_path}", api_keys=(), auth=False, sql_timeout_s=2.0)
     with BackgroundServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
         table = superfile.connect(server.url).create_table(
             "docs",
@@ -121,7 +131,19 @@ def test_dashboard_metrics_are_exported(tmp_path: Path) -> None:
         table.append([{"text": "hello world"}])
         table.bm25_search("text", "hello")
         assert http.get("/tables/missing/stats").status_code == 404
-        exposed = {line.split("{")[0].split(" ")[0] for line in http.get("/metrics").text.splitlines()}
+        forever = {"query": "SELECT count(*) FROM generate_series(1, 100000000000)"}
+        assert http.post("/sql", json=forever).status_code == 504  # a timeout, a worker restart
+        with pytest.raises(httpx.ReadTimeout):  # a client that leaves
+            http.post("/sql", json=forever, timeout=1.0)
+        assert http.post("/sql", json={"query": "SELECT * FROM docs", "max_rows": 1}).status_code == 200
+        assert http.post("/sql", json={"query": "SELECT * FROM range(5)", "max_rows": 1}).status_code == 400
+        exposed: set[str] = set()
+
+        def exported() -> bool:  # the cancelled query's worker is killed once the server notices the client left
+            exposed.update(line.split("{")[0].split(" ")[0] for line in http.get("/metrics").text.splitlines())
+            return "superfile_gateway_sql_cancelled_total" in exposed
+
+        wait_until(exported, 10, "the cancelled query to be counted")
 
     wanted = {
         m for e in _exprs(json.loads(DASHBOARD.read_text())) for m in re.findall(r"\b(?:superfile|process)_\w+", e)
