@@ -5,12 +5,15 @@ cannot be cancelled in a thread, and a crash inside the planner took the whole
 gateway with it. So every SQL query runs in a worker process (spawned, so it
 shares nothing with the server's threads). Each worker's share of
 ``SUPERFILE_SQL_MEMORY_BYTES`` bounds its resident memory: DataFusion's memory
-pool gets the share less a fixed allowance (the worker's own code and imports,
-about 180 MB, and memory DataFusion does not account for), and while a query
-runs the gateway watches the worker's resident memory and kills it past the
-share. A worker that stays large after a query is replaced. An address-space limit (``RLIMIT_AS``/``RLIMIT_DATA``) would
-misfire: Arrow's and glibc's allocators reserve address space up front (2.2 GB
-of ``VmData`` at import, with 180 MB resident). When the query passes its time
+pool gets half the share (the rest is the worker's own code and imports, about
+180 MB, and what DataFusion does not account for: a cross-join sort held at a
+256 MB pool reached 550 MB resident), and while a query runs the gateway
+watches the worker's resident memory and kills it past the share. A worker
+that stays large after a query is replaced. An address-space limit (``RLIMIT_AS``/``RLIMIT_DATA``) would
+misfire: Arrow's and glibc's allocators reserve address space up front (1.5 GB
+at import with 180 MB resident, 3.2 GB after two queries), so the address-space
+limit (``RLIMIT_AS``) is only a generous backstop: four times the share plus
+4 GiB. A query that hits it crashes its worker (``QueryCrashedError``). When the query passes its time
 limit, or its client goes away, the worker is killed too (SIGKILL), and a fresh
 one replaces it on the next query; a worker that dies costs only its own
 query. Results come back as one Arrow IPC stream over a pipe.
@@ -25,6 +28,7 @@ import asyncio
 import ctypes
 import os
 import pickle
+import resource
 import signal
 import threading
 import time
@@ -48,10 +52,10 @@ from superfile.table import Supertable
 from superfile_gateway.admission import Admission
 from superfile_gateway.auth import Principal
 
-__all__ = ["ALLOWANCE", "Catalog", "SqlWorkers"]
+__all__ = ["Catalog", "SqlWorkers"]
 
 _POLL_S = 0.05  # how often a waiting query checks its deadline and its client
-ALLOWANCE = 256 << 20  # of a worker's share, what is not DataFusion's pool (code, imports, result buffers)
+_BACKSTOP_EXTRA = 4 << 30
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _NICE = 10
 
@@ -111,7 +115,7 @@ class SqlWorkers:
         self.timeout_s = timeout_s
         self.max_rows = max_rows
         self.rss_limit = memory_bytes // workers  # each worker's share of the gateway's SQL memory
-        self.memory_bytes = self.rss_limit - ALLOWANCE  # its DataFusion pool
+        self.memory_bytes = self.rss_limit // 2  # its DataFusion pool
         self.admission = admission
         self.in_process = storage.startswith("memory://")
         self._db: Connection | None = None  # in-process queries only
@@ -239,9 +243,10 @@ class SqlWorkers:
     def _spawn(self) -> _Worker:
         ctx = get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
+        backstop = 4 * self.rss_limit + _BACKSTOP_EXTRA
         process = ctx.Process(
             target=_serve,
-            args=(child, self.storage, self.connect_options, os.getpid()),
+            args=(child, self.storage, self.connect_options, backstop, os.getpid()),
             name="superfile-sql",
             daemon=True,
         )
@@ -321,10 +326,11 @@ def _release_memory() -> None:
     libc.malloc_trim(0)
 
 
-def _serve(pipe: Pipe, storage: str, connect_options: dict[str, Any], parent: int) -> None:
+def _serve(pipe: Pipe, storage: str, connect_options: dict[str, Any], backstop: int, parent: int) -> None:
     """A worker's life: answer jobs one at a time until the pipe closes or the gateway is gone. At nice 10:
     a long query yields the CPU to the gateway's searches and health checks."""
     os.nice(_NICE)
+    resource.setrlimit(resource.RLIMIT_AS, (backstop, backstop))
 
     def watch() -> None:  # a SIGKILLed gateway cannot stop its workers: they stop themselves
         while os.getppid() == parent:
