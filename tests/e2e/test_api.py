@@ -22,6 +22,7 @@ from superfile.errors import (
     InvalidPredicateError,
     InvalidTableNameError,
     InvalidVectorError,
+    QueryLimitError,
     ReadOnlyTableError,
     SchemaMismatchError,
     SqlError,
@@ -168,6 +169,11 @@ def test_token_and_exact_match(table: Any) -> None:
     exact = table.exact_match("title", "supersonic wing flutter", projection=["key"])
     assert sorted(_keys(exact)) == [3, 9]
     assert len(table.exact_match("title", "supersonic wing")) == 0
+    assert len(table.token_match("title", "flutter laminar", "or", max_rows=4)) == 4
+    with pytest.raises(QueryLimitError, match="4 rows match"):
+        table.token_match("title", "flutter laminar", "or", max_rows=3)
+    with pytest.raises(QueryLimitError):
+        table.exact_match("title", "supersonic wing flutter", max_rows=1)
 
 
 def test_vector_search(table: Any) -> None:
@@ -215,6 +221,11 @@ def test_sql(db: Any, table: Any) -> None:
         db.sql(f"SELECT nope FROM {table.name}")
     with pytest.raises(SqlError):
         db.sql(f"DELETE FROM {table.name}")
+    assert len(db.sql(f"SELECT key FROM {table.name} LIMIT 3", max_rows=3)) == 3
+    with pytest.raises(QueryLimitError, match="more than 2 rows"):
+        db.sql(f"SELECT key FROM {table.name}", max_rows=2)
+    with pytest.raises(QueryLimitError, match="memory"):
+        db.sql(f"SELECT a.title || b.title AS t FROM {table.name} a, {table.name} b ORDER BY t", memory_limit_bytes=1)
 
 
 def test_update_delete_checkout(table: Any) -> None:
