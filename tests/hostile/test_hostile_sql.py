@@ -153,6 +153,40 @@ def test_four_at_once_leave_memory_searches_and_health_alone(gateway: GatewayPro
     assert max(health_ms) < 100, f"/healthz took {max(health_ms):.1f} ms"
 
 
+def test_a_storm_of_recursive_queries_from_one_key_is_refused_or_stopped(gateway: GatewayProcess) -> None:
+    query = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c) SELECT count(*) FROM c"
+    health_ms: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        with httpx.Client(base_url=gateway.url, timeout=5) as c:
+            while not done.is_set():
+                t = time.perf_counter()
+                assert c.get("/healthz").status_code == 200
+                health_ms.append((time.perf_counter() - t) * 1000)
+                time.sleep(0.05)
+
+    # one client for the storm: a client per request costs the test process ~15 ms of CPU each (its TLS
+    # context), which would show up as the watcher's latency, not the gateway's
+    storm = httpx.Client(base_url=gateway.url, headers={"x-api-key": KEYS[1]}, timeout=60, limits=httpx.Limits())
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    started = time.monotonic()
+    try:
+        with storm, concurrent.futures.ThreadPoolExecutor(42) as pool:
+            answers = list(pool.map(lambda _: storm.post("/sql", json={"query": query}), range(42)))
+    finally:
+        done.set()
+        watcher.join()
+    kinds = sorted({(a.status_code, _error(a)) for a in answers})
+    assert set(kinds) <= {(429, "TooManyRequestsError"), (504, "QueryTimeoutError"), (400, "QueryLimitError")}
+    assert sum(a.status_code == 429 for a in answers) >= 40  # the key may run 2 at once
+    assert time.monotonic() - started < TIMEOUT_S + 5
+    print(f"storm: /healthz median {statistics.median(health_ms):.1f} ms, max {max(health_ms):.1f} ms")
+    assert max(health_ms) < 100, f"/healthz took {max(health_ms):.1f} ms"
+    wait_until(lambda: _busy_children(gateway.proc.pid) == [], 5, "no worker to be busy")
+
+
 def test_a_client_that_leaves_stops_its_query(gateway: GatewayProcess) -> None:
     before = _metric(gateway, "superfile_gateway_sql_cancelled_total")
     with pytest.raises(httpx.ReadTimeout):
