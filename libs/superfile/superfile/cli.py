@@ -245,6 +245,13 @@ def cmd_restore(args: argparse.Namespace) -> None:
     _print_json({"version": _open(args).restore(args.version)})
 
 
+def cmd_upgrade(args: argparse.Namespace) -> None:
+    """Convert a table (or every table) written by an older superfile to the current format."""
+    db = superfile.connect(args.uri)
+    for name in [args.table] if args.table else db.table_names():
+        _print_json({"table": name, "version": db.upgrade_table(name)})
+
+
 def cmd_changes(args: argparse.Namespace) -> None:
     """One JSON object per changed row: ``_change`` ("insert"/"delete"), ``_id``, then the columns."""
     for row in _open(args).changes(args.from_version, args.to_version, columns=args.columns).to_pylist():
@@ -382,6 +389,8 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("from_version", type=int, metavar="FROM")
     ch.add_argument("to_version", type=int, nargs="?", metavar="TO", help="default: the latest version")
     ch.add_argument("--columns", type=_columns, help="comma-separated columns besides _change and _id")
+    up = add("upgrade", cmd_upgrade, "convert tables of an older format, one commit each (prints JSON)", table=False)
+    up.add_argument("table", nargs="?", help="the table (default: every table)")
     sv = add("serve", cmd_serve, "serve the tables over HTTP (REST gateway, embedded mode)", table=False)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)

@@ -19,15 +19,17 @@ from superfile.errors import (
     PreconditionFailedError,
     TableExistsError,
     TableNotFoundError,
+    UpgradeRequiredError,
 )
 from superfile.format.reader import DEFAULT_CACHE_DIR
 from superfile.io import Storage, from_uri
 from superfile.io.cache import DEFAULT_BUDGET_BYTES, DiskCache
-from superfile.manifest.model import HistoryEntry, ManifestList, Pointer, now_ms
+from superfile.manifest.model import FORMAT_VERSION, HistoryEntry, ManifestList, Pointer, now_ms
 from superfile.manifest.store import POINTER
 from superfile.options import PartitionSpec, TableOptions, VectorColumn
 from superfile.schema import table_schema, to_arrow_table
 from superfile.table import Supertable
+from superfile.table.history import upgrade
 from superfile.table.snapshot import Snapshot, TableFiles
 
 __all__ = ["Connection", "connect"]
@@ -185,7 +187,7 @@ class Connection:
             schema=full_schema,
             options=opts,
             parts=(),
-            history=(HistoryEntry(1, path, created, "create", 0, 0, 0),),
+            history_tail=(HistoryEntry(1, path, created, "create", 0, 0, 0),),
         )
         store.write_list(manifest, path)
         try:
@@ -216,10 +218,24 @@ class Connection:
         except TableNotFoundError:
             raise TableNotFoundError(f"table {name!r} does not exist") from None
         manifest = files.manifests.load_list(pointer.manifest)
+        if manifest.format_version < FORMAT_VERSION:
+            raise UpgradeRequiredError(
+                f"table {name!r} is in format {manifest.format_version}, this version of superfile reads format "
+                f"{FORMAT_VERSION}: run `superfile upgrade {self.uri} {name}` (or Connection.upgrade_table) once"
+            )
         table = Supertable(name, files, Snapshot(files, pointer.manifest, manifest), consistency=consistency)
         if version is None and as_of is None:
             return table
         return table.checkout(version, as_of=as_of)
+
+    def upgrade_table(self, name: str) -> int:
+        """Convert a table written by an older superfile to the current format, in one commit (a table
+        already current is left alone); returns its version."""
+        _check_name(name)
+        try:
+            return upgrade(self._table_files(name).manifests)
+        except TableNotFoundError:
+            raise TableNotFoundError(f"table {name!r} does not exist") from None
 
     def drop_table(self, name: str) -> None:
         """Remove a table: it disappears atomically (pointer first), then its files are deleted."""

@@ -29,6 +29,7 @@ __all__ = [
     "TableExistsError",
     "TableNotFoundError",
     "UnknownColumnError",
+    "UpgradeRequiredError",
     "VectorDimensionError",
     "VersionNotFoundError",
 ]
@@ -102,6 +103,13 @@ class VersionNotFoundError(SuperfileError):
     """The requested table version does not exist or is no longer retained."""
 
     http_status = 404
+
+
+class UpgradeRequiredError(SuperfileError):
+    """The table was written in an older format; ``superfile upgrade URI TABLE`` (``Connection.upgrade_table``)
+    converts it in one commit."""
+
+    http_status = 409
 
 
 class ReadOnlyTableError(SuperfileError):

@@ -24,6 +24,11 @@ def batch(worker: int, seq: int, rows: int) -> pa.Table:
 
 def main() -> None:
     mode, uri, table_name, worker, count, rows = sys.argv[1:7]
+    if mode == "append-short-history":  # every other commit writes a history segment or checkpoint
+        from superfile.manifest import log
+
+        log.TAIL, log.CHECKPOINT_EVERY = 2, 2
+        mode = "append"
     table = superfile.connect(uri).open_table(table_name)
     for seq in range(int(count)):
         version = table.append(batch(int(worker), seq, int(rows)))

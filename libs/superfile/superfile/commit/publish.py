@@ -35,6 +35,7 @@ from superfile.errors import (
     StorageError,
     TableNotFoundError,
 )
+from superfile.manifest.log import newest_first, next_history
 from superfile.manifest.model import (
     DeletionRef,
     HistoryEntry,
@@ -287,6 +288,7 @@ def apply_change(current: ManifestList, current_path: str, change: Change, store
     rows = sum(p.live_rows for p in parts)
     timestamp = max(now_ms(), current.timestamp_ms)  # never before its parent: as_of lookups stay monotonic
     entry = HistoryEntry(version, manifest_path, timestamp, change.operation, change.rows_added, rows_deleted, rows)
+    tail, segment, depth = next_history(store.storage, current, entry)
     return ManifestList(
         table_uuid=current.table_uuid,
         version=version,
@@ -296,8 +298,10 @@ def apply_change(current: ManifestList, current_path: str, change: Change, store
         schema=current.schema,
         options=current.options,
         parts=tuple(parts),
-        history=(*current.history, entry),
+        history_tail=tail,
         properties={**current.properties, **change.properties, **derived},
+        history_segment=segment,
+        history_depth=depth,
     )
 
 
@@ -351,7 +355,7 @@ def publish_with(
                 raise TableNotFoundError("the table was dropped and re-created while this change was staged")
             current = store.load_list(pointer.manifest)
             ml = successor(current, pointer.manifest)
-            path = ml.history[-1].manifest
+            path = ml.history_tail[-1].manifest
             store.write_list(ml, path)
         except StorageError as err:
             if not open_bases:
@@ -385,7 +389,7 @@ def _in_history(store: ManifestStore, written: dict[str, ManifestList], pointer:
     oldest = min(ml.version for ml in written.values())
     if pointer.version < oldest:
         return None
-    for entry in reversed(store.load_list(pointer.manifest).history):
+    for entry in newest_first(store.storage, store.load_list(pointer.manifest)):  # reads back only this far
         if entry.version < oldest:
             break
         if entry.manifest in written:

@@ -1,7 +1,8 @@
 """Typed manifest metadata and its JSON form.
 
 A version of a table is one :class:`ManifestList`: table configuration, the
-version history, and references to manifest *parts*. A part is an immutable
+newest entries of the version history (older ones are in history segments,
+``manifest/log.py``), and references to manifest *parts*. A part is an immutable
 file holding :class:`SuperfileEntry` summaries; successor versions reference
 the parts they carry forward instead of copying them.
 """
@@ -35,7 +36,7 @@ __all__ = [
     "encode_value",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the history moved out of the manifest list (a tail and segments); 1 carried all of it
 
 
 def encode_value(value: Any, type_: pa.DataType) -> Any:
@@ -287,8 +288,11 @@ class ManifestList:
     schema: pa.Schema
     options: TableOptions
     parts: tuple[PartRef, ...]
-    history: tuple[HistoryEntry, ...]
+    history_tail: tuple[HistoryEntry, ...]  # the newest history entries, this version's last
     properties: dict[str, Any] = field(default_factory=dict)
+    history_segment: str | None = None  # the newest history segment (older entries), None if none yet
+    history_depth: int = 0  # segments written since the last checkpoint
+    format_version: int = FORMAT_VERSION
 
     @property
     def rows(self) -> int:
@@ -311,7 +315,9 @@ class ManifestList:
             "schema_fields": [f"{f.name}: {f.type}{'' if f.nullable else ' not null'}" for f in self.schema],
             "options": self.options.to_dict(),
             "parts": [p.to_json(self.schema) for p in self.parts],
-            "history": [h.to_json() for h in self.history],
+            "history_tail": [h.to_json() for h in self.history_tail],
+            "history_segment": self.history_segment,
+            "history_depth": self.history_depth,
             "properties": self.properties,
         }
 
@@ -327,8 +333,12 @@ class ManifestList:
             schema=schema,
             options=TableOptions.from_dict(d["options"]),
             parts=tuple(PartRef.from_json(p, schema) for p in d["parts"]),
-            history=tuple(HistoryEntry.from_json(h) for h in d["history"]),
+            # format 1 carried the whole history: read as a tail, it is the same history
+            history_tail=tuple(HistoryEntry.from_json(h) for h in d.get("history_tail", d.get("history", ()))),
             properties=d.get("properties", {}),
+            history_segment=d.get("history_segment"),
+            history_depth=d.get("history_depth", 0),
+            format_version=d.get("format_version", 1),
         )
 
 

@@ -19,6 +19,7 @@ from superfile.errors import (
     VersionNotFoundError,
 )
 from superfile.expressions import parse_predicate
+from superfile.manifest.log import full_history, oldest_retained
 from superfile.manifest.model import HistoryEntry, ManifestList, Pointer
 from superfile.options import TableOptions
 from superfile.table import changes as _changes
@@ -129,10 +130,15 @@ class Supertable:
         return Supertable(self.name, self._files, Snapshot(self._files, entry.manifest, manifest), pinned=True)
 
     def _retained_history(self) -> tuple[HistoryEntry, ...]:
-        oldest = _history.oldest_retained(self._files.storage)
-        return tuple(h for h in self._refresh_for_history().manifest.history if h.version >= oldest)
+        storage = self._files.storage
+        oldest = oldest_retained(storage)
+        return tuple(h for h in full_history(storage, self._refresh_for_history().manifest) if h.version >= oldest)
 
     def _history_entry(self, version: int) -> HistoryEntry:
+        manifest = self._refresh_for_history().manifest
+        tail = manifest.history_tail
+        if tail[0].version <= version <= tail[-1].version and version >= oldest_retained(self._files.storage):
+            return tail[version - tail[0].version]  # recent: no segment to read
         history = self._retained_history()
         for h in history:
             if h.version == version:

@@ -4,7 +4,8 @@ Retained versions: every version committed inside the window
 (``older_than`` before now), the version that was current when the window
 opened (a reader may have opened it then), and always the current one. A
 file is deleted only if no retained version references it (manifest lists,
-manifest parts, superfiles, deletion vectors, idempotency key blocks) *and*
+history segments, manifest parts, superfiles, deletion vectors, idempotency
+key blocks) *and*
 it is older than the safety margin (by default the window itself): an
 in-flight commit's files (flushed superfiles of a long transaction, an
 optimize's outputs, a publish attempt's parts) are unreferenced until it
@@ -26,13 +27,21 @@ from __future__ import annotations
 import datetime
 import math
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from superfile.errors import InvalidOptionError, ObjectNotFoundError, ReadOnlyTableError
 from superfile.io import ObjectInfo
+from superfile.manifest.log import (
+    SEGMENTS,
+    full_history,
+    newest_first,
+    oldest_retained,
+    segment_chain,
+    set_oldest_retained,
+)
 from superfile.manifest.model import HistoryEntry, ManifestList
 from superfile.pools import query_pool
-from superfile.table.history import oldest_retained, set_oldest_retained
 from superfile.table.idempotency import PREFIX as KEYS_PREFIX
 from superfile.table.idempotency import block_paths
 
@@ -46,6 +55,7 @@ DEFAULT_RETENTION = datetime.timedelta(days=7)
 # listing prefix -> kind reported; the first matching prefix wins
 _KINDS = (
     ("_manifests/parts/", "manifest_parts"),
+    (SEGMENTS, "history_segments"),
     ("_manifests/", "manifests"),
     ("data/", "superfiles"),
     ("_deletions/", "deletion_vectors"),
@@ -60,7 +70,7 @@ def _seconds(name: str, value: datetime.timedelta | float | int) -> float:
     return float(seconds)
 
 
-def retained_versions(history: tuple[HistoryEntry, ...], cutoff_ms: int, oldest: int) -> list[HistoryEntry]:
+def retained_versions(history: Sequence[HistoryEntry], cutoff_ms: int, oldest: int) -> list[HistoryEntry]:
     """Versions committed at or after the cutoff, plus the one current at the cutoff (and never below
     ``oldest``, the versions an earlier cleanup already expired)."""
     live = [h for h in history if h.version >= oldest]
@@ -88,6 +98,10 @@ class _Marker:
     def manifest(self, path: str, ml: ManifestList) -> None:
         self.paths.add(path)
         self.paths.update(block_paths(ml.properties))
+        for segment, _ in segment_chain(self.store.storage, ml):
+            if segment in self.paths:
+                break  # the rest of the chain is marked (lists share their older segments)
+            self.paths.add(segment)
         fresh = [p for p in ml.parts if p.path not in self.paths]
         self.paths.update(p.path for p in fresh)
         for entries in query_pool().map(lambda p: self.store.load_part(p, ml.schema), fresh):
@@ -124,7 +138,7 @@ def cleanup(
     pointer, _ = store.read_pointer()
     current = store.load_list(pointer.manifest)
     oldest = oldest_retained(storage)
-    retained = retained_versions(current.history, cutoff_ms, oldest)
+    retained = retained_versions(full_history(storage, current), cutoff_ms, oldest)
     if not dry_run:  # before listing: a restore publishing from now on sees the mark (history.restore)
         set_oldest_retained(storage, retained[0].version)
     marker = _Marker(table)
@@ -139,9 +153,10 @@ def cleanup(
         if pointer.version <= seen:
             break
         newer = store.load_list(pointer.manifest)
-        for h in newer.history:
-            if h.version > seen:
-                marker.version(h)
+        for h in newest_first(storage, newer):
+            if h.version <= seen:
+                break
+            marker.version(h)
         seen = newer.version
     doomed = [i for i in listed if i.path not in marker.paths and i.mtime * 1000 < files_before_ms]
     removed = {kind: 0 for _, kind in _KINDS}

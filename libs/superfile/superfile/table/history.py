@@ -1,25 +1,27 @@
 """Versions over time: which are retained, the version at a point in time, and restoring an old one.
 
-Every manifest list carries the table's whole history (version, manifest
-path, time, operation, row counts). ``cleanup()`` removes the manifests of
-versions that fell out of its retention window and first records the oldest
-version it keeps in ``_retention.json``; versions below it are listed no more
-and cannot be opened (``VersionNotFoundError``).
+The history (version, manifest path, time, operation, row counts) is a tail in
+each manifest list and segments behind it (``manifest/log.py``), read only when
+asked for. ``cleanup()`` removes the manifests of versions that fell out of its
+retention window and first records the oldest version it keeps in
+``_retention.json``; versions below it are listed no more and cannot be opened
+(``VersionNotFoundError``), and the next history checkpoint leaves them out.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from superfile.commit.publish import publish_with
-from superfile.errors import InvalidInputError, ObjectNotFoundError, PreconditionFailedError, VersionNotFoundError
-from superfile.io import Storage
-from superfile.manifest.model import HistoryEntry, ManifestList, now_ms
+from superfile.errors import InvalidInputError, ObjectNotFoundError, VersionNotFoundError
+from superfile.manifest.log import next_history, oldest_retained
+from superfile.manifest.model import FORMAT_VERSION, HistoryEntry, ManifestList, now_ms
+from superfile.manifest.store import ManifestStore
 from superfile.table.changes import id_delta
 from superfile.table.idempotency import AlreadyCommitted, check_key, committed_version, record_new
 from superfile.table.snapshot import Snapshot
@@ -27,39 +29,7 @@ from superfile.table.snapshot import Snapshot
 if TYPE_CHECKING:
     from superfile.table import Supertable
 
-__all__ = ["RETENTION", "check_version", "oldest_retained", "restore", "set_oldest_retained", "to_ms"]
-
-RETENTION = "_retention.json"
-
-
-def oldest_retained(storage: Storage) -> int:
-    """The oldest version cleanup has not expired (1 if cleanup never ran)."""
-    try:
-        return int(json.loads(storage.read(RETENTION))["oldest_version"])
-    except ObjectNotFoundError:
-        return 1
-
-
-def set_oldest_retained(storage: Storage, version: int) -> None:
-    """Raise the retention mark, never lower it (a slower concurrent cleanup may have computed less):
-    a compare-and-swap, so two cleanups cannot interleave a read and a write."""
-    body = json.dumps({"oldest_version": version, "at_ms": now_ms()}).encode()
-    while True:
-        try:
-            data, etag = storage.read_with_etag(RETENTION)
-        except ObjectNotFoundError:
-            try:
-                storage.write_if_absent(RETENTION, body)
-                return
-            except PreconditionFailedError:
-                continue  # another cleanup created it first: compare with its mark
-        if int(json.loads(data)["oldest_version"]) >= version:
-            return
-        try:
-            storage.write_if_match(RETENTION, body, etag)
-            return
-        except PreconditionFailedError:
-            continue
+__all__ = ["check_version", "restore", "to_ms", "upgrade"]
 
 
 def check_version(version: object) -> int:
@@ -79,6 +49,42 @@ def to_ms(as_of: datetime.datetime | int | float) -> int:
     if number and math.isfinite(as_of):
         return int(as_of)
     raise InvalidInputError(f"as_of must be a datetime or finite epoch milliseconds, got {as_of!r}")
+
+
+def upgrade(store: ManifestStore) -> int:
+    """Rewrite the table's current version in the current format, as one commit (operation ``upgrade``; the
+    contents, properties and retained versions stay); returns the version in the current format. Format 1
+    lists carried the whole history: the upgrade moves it to a checkpoint (``manifest/log.py``)."""
+    pointer, etag = store.read_pointer()
+    current = store.load_list(pointer.manifest)
+    if current.format_version >= FORMAT_VERSION:
+        return current.version
+
+    def successor(current: ManifestList, current_path: str) -> ManifestList:
+        version = current.version + 1
+        path = store.new_list_path(version)
+        entry = HistoryEntry(version, path, max(now_ms(), current.timestamp_ms), "upgrade", 0, 0, current.rows)
+        tail, segment, depth = next_history(store.storage, current, entry)
+        return replace(
+            current,
+            version=version,
+            parent=current_path,
+            timestamp_ms=entry.timestamp_ms,
+            operation="upgrade",
+            history_tail=tail,
+            history_segment=segment,
+            history_depth=depth,
+            format_version=FORMAT_VERSION,
+        )
+
+    _, manifest = publish_with(
+        store,
+        current.table_uuid,
+        successor,
+        max_attempts=current.options.commit_max_attempts,
+        base=(pointer, etag),
+    )
+    return manifest.version
 
 
 def restore(table: Supertable, version: int, idempotency_key: str | None = None) -> int:
@@ -117,6 +123,7 @@ def restore(table: Supertable, version: int, idempotency_key: str | None = None)
         added, deleted = id_delta(Snapshot(files, current_path, current), target_snap)
         stamp = max(now_ms(), current.timestamp_ms)
         entry = HistoryEntry(new_version, path, stamp, "restore", added, deleted, target.rows)
+        tail, segment, depth = next_history(files.storage, current, entry)
         return ManifestList(
             table_uuid=current.table_uuid,
             version=new_version,
@@ -126,8 +133,10 @@ def restore(table: Supertable, version: int, idempotency_key: str | None = None)
             schema=current.schema,
             options=current.options,
             parts=target.parts,
-            history=(*current.history, entry),
+            history_tail=tail,
             properties={**current.properties, **(record_new(files.storage, current, keys) if keys else {})},
+            history_segment=segment,
+            history_depth=depth,
         )
 
     try:
