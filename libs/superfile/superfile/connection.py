@@ -24,6 +24,7 @@ from superfile.errors import (
 from superfile.format.reader import DEFAULT_CACHE_DIR
 from superfile.io import Storage, from_uri
 from superfile.io.cache import DEFAULT_BUDGET_BYTES, DiskCache
+from superfile.maintenance import AutoMaintenance, MaintenancePolicy
 from superfile.manifest.model import FORMAT_VERSION, HistoryEntry, ManifestList, Pointer, now_ms
 from superfile.manifest.store import POINTER
 from superfile.options import PartitionSpec, TableOptions, VectorColumn
@@ -89,13 +90,15 @@ class Connection:
         cache_budget_bytes: int = DEFAULT_BUDGET_BYTES,
         cache_memory_bytes: int | None = None,
         storage: Storage | None = None,
+        maintenance: MaintenancePolicy | bool = False,
         **storage_options: Any,
     ):
         """``cache_dir``: where full-text indexes are extracted and, on remote storage, superfiles are cached
         (``cache_budget_bytes`` of them on disk, 0 to read each superfile into memory instead;
         ``cache_memory_bytes`` of their mappings resident, unbounded by default). See docs/storage.md.
         ``storage``: the backend to use instead of the one ``uri`` names (a wrapper around it: fault
-        injection, instrumentation)."""
+        injection, instrumentation). ``maintenance``: compact and clean up the tables this connection
+        writes, in the background (True: the default :class:`MaintenancePolicy`; see docs/maintenance.md)."""
         self.uri = uri
         if isinstance(cache_budget_bytes, bool) or not isinstance(cache_budget_bytes, int) or cache_budget_bytes < 0:
             raise InvalidOptionError(f"cache_budget_bytes must be an integer >= 0, got {cache_budget_bytes!r}")
@@ -109,6 +112,14 @@ class Connection:
         )
         self._files: dict[str, TableFiles] = {}
         self._lock = threading.Lock()
+        worker_options = {"cache_dir": cache_dir, "cache_budget_bytes": cache_budget_bytes, **storage_options}
+        if maintenance is True:
+            maintenance = MaintenancePolicy()
+        self.maintenance = (
+            AutoMaintenance(uri, maintenance, self.open_table, worker_options)
+            if isinstance(maintenance, MaintenancePolicy)
+            else None
+        )
 
     @property
     def disk_cache(self) -> DiskCache | None:
@@ -119,11 +130,13 @@ class Connection:
         with self._lock:
             files = self._files.get(name)
             if files is None:
+                maintenance = self.maintenance
                 files = TableFiles(
                     self._storage.child(name),
                     verify=self._verify,
                     cache_dir=self._cache_dir,
                     disk_cache=self._disk_cache,
+                    on_commit=None if maintenance is None else (lambda: maintenance.committed(name)),
                 )
                 self._files[name] = files
             return files
@@ -259,6 +272,17 @@ class Connection:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
         return run_sql(self, query, SqlLimits(memory_bytes=memory_limit_bytes, max_rows=max_rows))
+
+    def close(self) -> None:
+        """Stop background maintenance (after its current run); the connection's tables stay usable."""
+        if self.maintenance is not None:
+            self.maintenance.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"Connection({self.uri!r})"

@@ -790,3 +790,24 @@ def test_repeated_keys_across_processes_do_not_duplicate(
         range(2, 2 + count)
     )
     assert [v for s in range(count) for v in acks[s]] == [t.idempotency_version(f"key-{s}") for s in range(count)]
+
+
+@pytest.mark.parametrize("scheme", ["file", "memory"])
+def test_maintenance_runs_itself_beside_the_commits(tmp_path: Path, scheme: str) -> None:
+    from superfile.maintenance import CompactionPolicy, MaintenancePolicy
+
+    uri = f"file://{tmp_path}" if scheme == "file" else f"memory://auto-{uuid.uuid4().hex}"
+    policy = MaintenancePolicy(CompactionPolicy(small_files=4), cleanup_interval_s=3600, retention_s=3600)
+    with superfile.connect(uri, maintenance=policy) as db:
+        t = _small(db)
+        for seq in range(12):
+            t.append(batch(0, seq, 10))
+        assert db.maintenance is not None and db.maintenance.wait_idle(120)
+        counts = db.maintenance.counts
+        assert counts["compactions"] >= 1 and counts["superfiles_compacted"] >= 5 and counts["errors"] == 0
+        assert counts["cleanups"] == 1  # once per interval, on the first commit
+        assert t.stats()["superfile_count"] <= 5 and t.count_rows() == 120
+        assert sorted(t.to_arrow().column("seq").to_pylist()) == sorted(s for s in range(12) for _ in range(10))
+    assert superfile.connect(uri).open_table("t").count_rows() == 120
+    plain = superfile.connect(uri)
+    assert plain.maintenance is None  # off unless asked for (the gateway and the builder turn it on)

@@ -22,9 +22,9 @@ from typing import Any
 import redis
 import superfile
 from superfile.io.cache import DEFAULT_BUDGET_BYTES
+from superfile.maintenance import CompactionPolicy, Compactor
 from superfile.telemetry import serve
 
-from superfile_builder.compactor import CompactionPolicy, Compactor
 from superfile_builder.lease import LeaseKeeper
 from superfile_builder.metrics import BuilderMetrics
 from superfile_builder.pipeline import PipelineConfig, TablePipeline

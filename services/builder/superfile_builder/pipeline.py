@@ -40,10 +40,10 @@ import redis
 from superfile.connection import Connection
 from superfile.errors import StorageError, SuperfileError, TableNotFoundError
 from superfile.events import LOG_PROPERTY, SOURCES_PROPERTY, topic_for
+from superfile.maintenance import CompactionPolicy, Compactor
 from superfile.manifest.model import SuperfileEntry
 from superfile.table import Supertable
 
-from superfile_builder.compactor import CompactionPolicy, Compactor
 from superfile_builder.indexer import REJECTED, Batch
 from superfile_builder.lease import Lease
 from superfile_builder.metrics import BuilderMetrics

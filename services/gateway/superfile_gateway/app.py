@@ -17,7 +17,7 @@ import re
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
@@ -44,6 +44,7 @@ from superfile.errors import (
 )
 from superfile.events import EventLog, Position, topic_for
 from superfile.io.cache import DiskCache
+from superfile.maintenance import AutoMaintenance, CompactionPolicy, MaintenancePolicy
 from superfile.remote.wire import (
     ARROW_STREAM,
     from_ipc,
@@ -156,6 +157,33 @@ def _observe_caches(m: Meter, cache: DiskCache | None) -> None:
         m.create_observable_counter(name, callbacks=[observed(total)], description=description)
 
 
+_MAINTENANCE: weakref.WeakSet[AutoMaintenance] = weakref.WeakSet()  # every live gateway's, in this process
+_MAINTENANCE_OBSERVED: list[bool] = []
+
+
+def _observe_maintenance(m: Meter, maintenance: AutoMaintenance | None) -> None:
+    """Background maintenance by what was done, summed over the gateways of this process (one instrument:
+    OpenTelemetry keeps the first callbacks of a name)."""
+    with _CACHES_LOCK:
+        if maintenance is not None:
+            _MAINTENANCE.add(maintenance)
+        if _MAINTENANCE_OBSERVED:
+            return
+        _MAINTENANCE_OBSERVED.append(True)
+
+    def observe(_options: CallbackOptions) -> list[Observation]:
+        totals: Counter[str] = Counter()
+        for each in list(_MAINTENANCE):
+            totals.update(each.counts)
+        return [Observation(n, {"what": what}) for what, n in sorted(totals.items())]
+
+    m.create_observable_counter(
+        "superfile.gateway.maintenance",
+        callbacks=[observe],
+        description="Background maintenance done: compactions, superfiles_compacted, cleanups, files_removed, errors",
+    )
+
+
 class Gateway:
     """The state behind the routes: the catalog, open table handles, the write path, keys and metrics."""
 
@@ -166,7 +194,14 @@ class Gateway:
             "cache_budget_bytes": settings.cache_budget_bytes,
             "cache_memory_bytes": settings.cache_memory_bytes,
         }
-        self.db = Connection(settings.storage, **connect_options)
+        maintenance = (
+            MaintenancePolicy(
+                CompactionPolicy(settings.compact_small_files), settings.cleanup_interval_s, settings.retention_s
+            )
+            if settings.maintenance and not settings.kafka  # in suite mode the builder maintains the tables
+            else False
+        )
+        self.db = Connection(settings.storage, maintenance=maintenance, **connect_options)
         self.keys = KeyRing(settings.api_keys, enabled=settings.auth)
         if writes is None:
             writes = (
@@ -189,6 +224,7 @@ class Gateway:
         self.requests = m.create_counter("superfile.gateway.requests", description="HTTP requests by status")
         self.errors = m.create_counter("superfile.gateway.errors", description="Error responses by error type")
         _observe_caches(m, self.db.disk_cache)
+        _observe_maintenance(m, self.db.maintenance)
         self.admission = Admission(
             totals={"sql": settings.sql_max_concurrent, "search": settings.search_max_concurrent},
             per_key=settings.max_concurrent_per_key,
@@ -468,6 +504,7 @@ class Gateway:
         return True, "ready"
 
     def close(self) -> None:
+        self.db.close()
         self.sql.close()
         self.writes.close()
         self._readiness.shutdown(wait=False, cancel_futures=True)

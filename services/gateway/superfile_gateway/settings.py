@@ -93,6 +93,11 @@ class Settings:
     max_concurrent_per_key: int = 8  # SQL queries and searches at once from one API key
     max_result_rows: int = 1_000_000  # rows one SQL query, scan, token_match or exact_match may return
     drain_s: float = 10.0  # on SIGTERM: finish requests in flight for this long, then stop what still runs
+    # maintenance that runs itself (embedded mode; the builder maintains in suite mode): docs/maintenance.md
+    maintenance: bool = True
+    compact_small_files: int = 16  # compact a partition holding more small superfiles than this (0: never)
+    cleanup_interval_s: float = 3600.0  # clean up each table that commits at most this often (0: never)
+    retention_s: float = 7 * 86400.0  # versions (and unreferenced files) younger than this stay
 
     def __post_init__(self) -> None:
         if not self.storage:
@@ -129,6 +134,13 @@ class Settings:
                 f"sql_memory_bytes ({self.sql_memory_bytes}) gives each of the {self.sql_workers} SQL workers less "
                 f"than {_MIN_WORKER_BYTES >> 20} MiB (a worker's own code takes about 180 MB)"
             )
+        if self.compact_small_files < 0 or self.cleanup_interval_s < 0:
+            raise ConfigError("compact_small_files and cleanup_interval_s must be non-negative")
+        if self.retention_s < self.cleanup_min_age_s:
+            raise ConfigError(
+                f"retention_s ({self.retention_s:g}) is below cleanup_min_age_s ({self.cleanup_min_age_s:g}): "
+                "automatic cleanup could delete the files of commits in flight"
+            )
         if not self.sql_timeout_s > 0 or not self.drain_s >= 0:
             raise ConfigError(
                 f"sql_timeout_s must be positive and drain_s non-negative, got {self.sql_timeout_s} and {self.drain_s}"
@@ -146,7 +158,8 @@ class Settings:
         ``SUPERFILE_CACHE_BUDGET_BYTES``, ``SUPERFILE_CACHE_MEMORY_BYTES``, and the limits:
         ``SUPERFILE_SQL_WORKERS``, ``SUPERFILE_SQL_TIMEOUT_S``, ``SUPERFILE_SQL_MEMORY_BYTES``,
         ``SUPERFILE_SQL_MAX_CONCURRENT``, ``SUPERFILE_SEARCH_MAX_CONCURRENT``, ``SUPERFILE_MAX_CONCURRENT_PER_KEY``,
-        ``SUPERFILE_MAX_RESULT_ROWS``, ``SUPERFILE_DRAIN_S``."""
+        ``SUPERFILE_MAX_RESULT_ROWS``, ``SUPERFILE_DRAIN_S``; maintenance: ``SUPERFILE_MAINTENANCE``,
+        ``SUPERFILE_COMPACT_SMALL_FILES``, ``SUPERFILE_CLEANUP_INTERVAL_S``, ``SUPERFILE_RETENTION_S``."""
         e = os.environ if env is None else env
         try:
             return cls(
@@ -171,6 +184,10 @@ class Settings:
                 max_concurrent_per_key=int(e.get("SUPERFILE_MAX_CONCURRENT_PER_KEY", 8)),
                 max_result_rows=int(e.get("SUPERFILE_MAX_RESULT_ROWS", 1_000_000)),
                 drain_s=float(e.get("SUPERFILE_DRAIN_S", 10.0)),
+                maintenance=_flag(e.get("SUPERFILE_MAINTENANCE", "1")),
+                compact_small_files=int(e.get("SUPERFILE_COMPACT_SMALL_FILES", 16)),
+                cleanup_interval_s=float(e.get("SUPERFILE_CLEANUP_INTERVAL_S", 3600.0)),
+                retention_s=float(e.get("SUPERFILE_RETENTION_S", 7 * 86400.0)),
             )
         except ValueError as exc:
             if isinstance(exc, ConfigError):

@@ -15,9 +15,9 @@ import pytest
 import superfile
 from builder_support import SCHEMA, BuilderProcess, create_table, gauge, rows, wait_until
 from superfile.events import Event, EventLog, Position
+from superfile.maintenance import CompactionPolicy, Compactor
 from superfile.table.optimize import optimize
 from superfile_builder.__main__ import parse_args
-from superfile_builder.compactor import CompactionPolicy, Compactor
 from superfile_gateway import BackgroundServer, Settings
 from superfile_suite import Server, free_port
 

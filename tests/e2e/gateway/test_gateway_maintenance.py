@@ -5,12 +5,15 @@ from __future__ import annotations
 import datetime
 import re
 import uuid
+from pathlib import Path
 
 import httpx
 import pyarrow as pa
 import superfile
+from e2e_support import wait_until
 from gateway_helpers import SCHEMA, error_of, rows, state
 from superfile.remote.wire import ARROW_STREAM, from_ipc
+from superfile_gateway import BackgroundServer, Settings
 
 ADMIN = {"Authorization": "Bearer admin-key"}
 READER = {"X-API-Key": "reader-key"}
@@ -206,3 +209,19 @@ def test_openapi_and_metrics(http: httpx.Client, engine: superfile.Connection) -
     text = http.get("/metrics").text
     assert re.search(r'superfile_gateway_write_duration_seconds_count\{[^}]*op="optimize"[^}]*\} [1-9]', text)
     assert re.search(r'superfile_gateway_query_duration_seconds_count\{kind="changes"[^}]*\} [1-9]', text)
+
+
+def test_maintenance_runs_itself_in_embedded_mode(tmp_path: Path) -> None:
+    """On by default: small appends through the gateway are compacted in the background, and counted."""
+    settings = Settings(storage=f"file://{tmp_path}", auth=False, compact_small_files=4)
+    with BackgroundServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        table = superfile.connect(server.url).create_table(
+            "auto", SCHEMA, fts_columns=["title"], vector_columns={"emb": 4}
+        )
+        for i in range(12):
+            table.append(rows(range(i * 5, i * 5 + 5)))
+        wait_until(lambda: table.stats()["superfile_count"] <= 5, 60, "the background compaction")
+        assert table.count_rows() == 60
+        metrics = http.get("/metrics").text
+        counted = r'superfile_gateway_maintenance_total\{[^}]*what="compactions"[^}]*\} [1-9]'
+        assert re.search(counted, metrics), metrics[-2000:]

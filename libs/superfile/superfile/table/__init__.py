@@ -112,6 +112,8 @@ class Supertable:
         with self._lock:
             if manifest.version > self._snapshot.version:
                 self._snapshot = Snapshot(self._files, path, manifest)
+        if self._files.on_commit is not None:
+            self._files.on_commit()
 
     def checkout(
         self, version: int | None = None, *, as_of: datetime.datetime | int | float | None = None

@@ -65,8 +65,10 @@ class TableFiles:
         verify: bool = True,
         cache_dir: str | None = None,
         disk_cache: DiskCache | None = None,
+        on_commit: Callable[[], None] | None = None,
     ) -> None:
         self.storage = storage
+        self.on_commit = on_commit  # told after each version this process publishes (automatic maintenance)
         self.manifests = ManifestStore(storage)
         self.verify = verify
         self.cache_dir = cache_dir or DEFAULT_CACHE_DIR

@@ -1,4 +1,8 @@
-"""Automatic compaction: when the builder compacts a table, what it rewrites, and when commits wait for it.
+"""Maintenance that runs itself: when a table is compacted, what a run rewrites, when commits wait for it,
+and cleanup by retention, in a background worker beside the commits.
+
+Used by the builder (its table pipelines), by the gateway in embedded mode and
+by embedded connections opened with ``maintenance=`` (:class:`AutoMaintenance`).
 
 Streaming commits are small (a batch closes after ``freshness_ms``), and each
 adds at least one superfile per partition it touches; left alone, the
@@ -24,10 +28,14 @@ target (the table's ``max_rows_per_superfile`` unless set).
   most one per run holds at least half of it; hence each partition holds at most
   ``rows / (target / 2) + stop_files`` superfiles, plus the small ones a single
   commit adds.
-- **Its own process.** A run executes in the builder's compaction process
-  (``Compactor``: one worker, spawned on first use, at nice 10), built one
-  superfile at a time: it takes one core at most, yields the CPU to the
-  commits, and never holds the GIL the commits need.
+- **Its own process.** A run executes in a compaction process
+  (``Compactor``: one worker, spawned on first use, at nice 10, dying with its
+  parent), built one superfile at a time: it takes one core at most, yields the
+  CPU to the commits, and never holds the GIL the commits need.
+- **Cleanup.** :class:`AutoMaintenance` also runs ``cleanup`` on each table
+  that committed, at most once per ``cleanup_interval_s``, with the retention
+  window ``retention_s`` (versions younger than it stay readable, files
+  younger than it stay).
 
 A compaction changes no row and keeps the commit properties (log offsets), so
 it needs no fencing: a zombie builder's compaction is as harmless as anyone's.
@@ -38,24 +46,30 @@ the builder's own commits rebase over it.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import get_context
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import superfile
+from superfile.errors import TableNotFoundError
 from superfile.manifest.model import SuperfileEntry
 from superfile.table.optimize import optimize
 
-__all__ = ["CompactionPolicy", "Compactor"]
+if TYPE_CHECKING:
+    from superfile.table import Supertable
+
+__all__ = ["AutoMaintenance", "CompactionPolicy", "Compactor", "MaintenancePolicy"]
 
 _NICE = 10
+_RUNS_PER_WAKE = 64  # compaction runs for one table before the others get their turn
+log = logging.getLogger("superfile.maintenance")
 
 
 @dataclass(frozen=True)
@@ -113,7 +127,7 @@ class CompactionPolicy:
 
 
 class Compactor:
-    """The builder's compaction process, shared by its table pipelines (their runs queue)."""
+    """A compaction process, shared by the tables of one storage root (their runs queue)."""
 
     def __init__(self, uri: str, policy: CompactionPolicy, connect_options: Mapping[str, Any] | None = None) -> None:
         self.uri = uri
@@ -124,7 +138,10 @@ class Compactor:
 
     def run(self, table: str) -> dict[str, Any] | None:
         """One run on ``table`` if the policy says so: ``optimize()``'s result, or None when nothing is due.
-        Blocks until it is done. Raises what the run raised; a crashed process is replaced on the next run."""
+        Blocks until it is done. Raises what the run raised; a crashed process is replaced on the next run.
+        ``memory://`` tables live in this process: their runs execute here."""
+        if self.uri.startswith("memory://"):
+            return _run(self.uri, table, self.policy, self.connect_options)
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_start_worker)
@@ -146,7 +163,7 @@ class Compactor:
 
 
 def _start_worker() -> None:
-    """In the compaction process: yield the CPU to queries and commits, and die with the builder. A builder
+    """In the compaction process: yield the CPU to queries and commits, and die with its parent. A parent
     killed by SIGKILL cannot stop its worker, which would otherwise live on, holding its memory, forever."""
     os.nice(_NICE)
     parent = os.getppid()
@@ -164,7 +181,123 @@ def _run(
 ) -> dict[str, Any] | None:
     """In the compaction process: one bounded run, if due. A connection per run: its caches would hold
     the superfiles the run just replaced."""
-    table = superfile.connect(uri, **connect_options).open_table(table_name)
+    from superfile.connection import Connection
+
+    table = Connection(uri, **connect_options).open_table(table_name)
     if not policy.due(table._snapshot.entries(), table.options.max_rows_per_superfile):
         return None
     return optimize(table, policy.target_rows, select=policy.select, parallel=False)
+
+
+@dataclass(frozen=True)
+class MaintenancePolicy:
+    """What runs by itself: compaction by ``compaction`` (``small_files=0`` turns it off) and ``cleanup`` of
+    each table that committed, at most once per ``cleanup_interval_s`` (0: never), keeping ``retention_s``
+    of versions (and as the safety margin for unreferenced files)."""
+
+    compaction: CompactionPolicy = field(default_factory=CompactionPolicy)
+    cleanup_interval_s: float = 3600.0
+    retention_s: float = 7 * 86400.0
+
+    def __post_init__(self) -> None:
+        if not (self.cleanup_interval_s >= 0 and self.retention_s >= 0) or self.compaction.small_files < 0:
+            raise ValueError(f"maintenance settings must be non-negative: {self}")
+
+
+class AutoMaintenance:
+    """A background thread maintaining the tables that commit: compaction runs (in the compaction process)
+    while the policy asks, and a cleanup at most once per interval. A commit only names its table
+    (:meth:`committed`); it never waits for maintenance."""
+
+    def __init__(
+        self,
+        uri: str,
+        policy: MaintenancePolicy,
+        open_table: Callable[[str], Supertable],
+        connect_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.policy = policy
+        self._open = open_table
+        compaction = policy.compaction
+        self._compactor = Compactor(uri, compaction, connect_options) if compaction.enabled else None
+        self._pending: dict[str, None] = {}  # tables to look at, in commit order
+        self._busy = False
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._cleaned: dict[str, float] = {}  # table -> monotonic time of its last cleanup
+        self.counts: Counter[str] = Counter()  # compactions, superfiles_compacted, cleanups, files_removed, errors
+
+    def committed(self, table: str) -> None:
+        """``table`` published a version: look at it soon."""
+        with self._cond:
+            if self._closed:
+                return
+            self._pending[table] = None
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="superfile-maintenance", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Whether every table named so far has been looked at within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def close(self) -> None:
+        """Stop after the table being maintained (a compaction run in progress finishes first)."""
+        with self._cond:
+            self._closed = True
+            self._pending.clear()
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=60)
+        if self._compactor is not None:
+            self._compactor.close()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                table = next(iter(self._pending))
+                del self._pending[table]
+                self._busy = True
+            try:
+                self._maintain(table)
+            except TableNotFoundError:
+                self._cleaned.pop(table, None)  # dropped meanwhile
+            except Exception:
+                self.counts["errors"] += 1
+                log.exception("maintenance of table %r failed; the next commit tries again", table)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _maintain(self, table: str) -> None:
+        if self._compactor is not None:
+            for _ in range(_RUNS_PER_WAKE):
+                if self._closed:
+                    return
+                result = self._compactor.run(table)
+                if result is None:
+                    break
+                self.counts["compactions"] += 1
+                self.counts["superfiles_compacted"] += int(result.get("superfiles_removed", 0))
+        interval = self.policy.cleanup_interval_s
+        last = self._cleaned.get(table)
+        if interval and (last is None or time.monotonic() - last >= interval):
+            self._cleaned[table] = time.monotonic()
+            result = self._open(table).cleanup(self.policy.retention_s)
+            self.counts["cleanups"] += 1
+            self.counts["files_removed"] += int(result["files_removed"])
