@@ -6,7 +6,10 @@ can check that every acknowledged batch is present exactly once.
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
+import time
 
 import pyarrow as pa
 import superfile
@@ -20,6 +23,21 @@ def batch(worker: int, seq: int, rows: int) -> pa.Table:
             "text": [f"worker {worker} batch {seq} row {i}" for i in range(rows)],
         }
     )
+
+
+def append_until_killed(mode: str, uri: str, table: str, worker: int, rows: int, delay: float) -> set[int]:
+    """Run a worker appending ``rows``-row batches to ``table``, SIGKILL it ``delay`` seconds after its
+    first acknowledged commit; the sequence numbers it acknowledged."""
+    proc = subprocess.Popen(
+        [sys.executable, __file__, mode, uri, table, str(worker), "1000", str(rows)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # committing now
+    assert first.startswith("ack"), first
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    rest, _ = proc.communicate(timeout=30)
+    return {int(line.split()[2]) for line in [first, *rest.splitlines()] if line.startswith("ack")}
 
 
 def main() -> None:

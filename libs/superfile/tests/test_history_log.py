@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,8 +13,8 @@ from superfile.cli import main
 from superfile.errors import UpgradeRequiredError
 from superfile.io import from_uri
 from superfile.manifest import log
+from table_worker import append_until_killed
 
-WORKER = Path(__file__).with_name("table_worker.py")
 SCHEMA = pa.schema([("id", pa.int64())])
 
 
@@ -108,18 +104,8 @@ def test_sigkill_while_writing_segments_and_checkpoints_reopens_at_a_commit(tmp_
     rng = random.Random(11)
     acked: set[tuple[int, int]] = set()
     for trial in range(20):
-        proc = subprocess.Popen(
-            [sys.executable, str(WORKER), "append-short-history", uri, "t", str(trial), "1000", "3"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert first.startswith("ack"), first
-        time.sleep(rng.uniform(0, 0.3))
-        proc.send_signal(signal.SIGKILL)
-        rest, _ = proc.communicate(timeout=30)
-        acked |= {(trial, int(line.split()[2])) for line in [first, *rest.splitlines()] if line.startswith("ack")}
+        seqs = append_until_killed("append-short-history", uri, "t", trial, 3, rng.uniform(0, 0.3))
+        acked |= {(trial, seq) for seq in seqs}
         t = superfile.connect(uri).open_table("t")
         rows = t.to_arrow()
         seen = set(zip(rows.column("worker").to_pylist(), rows.column("seq").to_pylist(), strict=True))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from superfile.errors import (
     VectorDimensionError,
 )
 from superfile.io import from_uri
+from table_worker import append_until_killed
 
 HERE = Path(__file__).resolve().parent
 CRANFIELD = HERE.parents[2] / "examples" / "data" / "cranfield" / "docs.parquet"
@@ -291,21 +291,7 @@ def test_sigkill_during_commits_leaves_a_committed_table(tmp_path: Path) -> None
     rng = random.Random(7)
     acked: set[tuple[int, int]] = set()
     for trial in range(20):
-        proc = subprocess.Popen(
-            [sys.executable, str(WORKER), "append", uri, "t", str(trial), "1000", "7"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdout is not None
-        # wait for the process to be committing, then kill it at a random moment
-        first = proc.stdout.readline()
-        assert first.startswith("ack"), first
-        time.sleep(rng.uniform(0, 0.3))
-        proc.send_signal(signal.SIGKILL)
-        rest, _ = proc.communicate(timeout=30)
-        for line in [first, *rest.splitlines()]:
-            if line.startswith("ack"):
-                acked.add((trial, int(line.split()[2])))
+        acked |= {(trial, seq) for seq in append_until_killed("append", uri, "t", trial, 7, rng.uniform(0, 0.3))}
         t = superfile.connect(uri).open_table("t")
         rows = t.to_arrow()
         batches: dict[tuple[int, int], int] = {}
