@@ -121,6 +121,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--compact-target-rows", type=int, help="rows per compacted superfile (default: the table's maximum)"
     )
+    p.add_argument(
+        "--cleanup-interval-s",
+        type=float,
+        default=3600.0,
+        help="clean up each table at most this often, by --retention-s (0: never)",
+    )
+    p.add_argument(
+        "--retention-s",
+        type=float,
+        default=7 * 86400.0,
+        help="cleanup keeps versions and unreferenced files younger than this (at least an hour)",
+    )
     p.add_argument("--lease-ms", type=int, default=5000, help="lease ttl: a dead builder's tables wait this long")
     p.add_argument("--rescan-ms", type=int, default=5000, help="how often storage is listed for new tables")
     p.add_argument("--topic-prefix", default="superfile")
@@ -135,6 +147,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if args.lease_ms < 100:
         p.error("--lease-ms must be at least 100")
+    if args.cleanup_interval_s < 0 or args.retention_s < 3600:
+        p.error("--cleanup-interval-s must be >= 0 and --retention-s at least 3600 (commits in flight are that young)")
     if args.compact_small_files < 0:
         p.error("--compact-small-files must be 0 (off) or positive")
     if args.compact_target_rows is not None and args.compact_target_rows < 1:
@@ -154,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         freshness_ms=args.freshness_ms,
         topic_prefix=args.topic_prefix,
         compaction=CompactionPolicy(args.compact_small_files, args.compact_target_rows),
+        cleanup_interval_s=args.cleanup_interval_s,
+        retention_s=args.retention_s,
     )
     cache = {name: getattr(args, name) for name in ("cache_dir", "cache_budget_bytes", "cache_memory_bytes")}
     builder = Builder(

@@ -4,7 +4,8 @@ Exported names (Prometheus adds ``_total`` to counters and the unit suffix):
 ``superfile_builder_rows_applied``, ``..._events_applied``, ``..._records_skipped``
 (label ``reason``), ``..._errors`` (label ``kind``), ``..._commits``,
 ``..._commit_seconds`` (histogram), ``..._compactions``, ``..._compaction_seconds`` (histogram),
-``..._superfiles_compacted`` (superfiles a compaction replaced), ``..._compaction_wait_seconds``
+``..._superfiles_compacted`` (superfiles a compaction replaced), ``..._cleanups``, ``..._files_removed``
+(by cleanups), ``..._compaction_wait_seconds``
 (histogram: how long a commit waited for a compaction at the policy's stop count), and per-table
 gauges ``..._lag_records`` (log end offset minus applied offset), ``..._applied_offset``,
 ``..._consumed_offset`` (next offset to read: staged but uncommitted records lie between the two),
@@ -52,6 +53,8 @@ class BuilderMetrics:
             m, "superfile_builder_commit_seconds", "time to build and publish one batch's commit"
         )
         self.compactions = m.create_counter("superfile_builder_compactions", description="compactions published")
+        self.cleanups = m.create_counter("superfile_builder_cleanups", description="cleanups run by retention")
+        self.files_removed = m.create_counter("superfile_builder_files_removed", description="files cleanups deleted")
         self.compaction_seconds = seconds_histogram(
             m, "superfile_builder_compaction_seconds", "time to rewrite and publish one compaction"
         )

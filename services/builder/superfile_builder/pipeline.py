@@ -31,6 +31,7 @@ pipeline if a table of that name appears again.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -71,6 +72,8 @@ class PipelineConfig:
     topic_prefix: str = "superfile"
     retry_s: float = 1.0  # pause after a failed commit before resuming
     compaction: CompactionPolicy = field(default_factory=CompactionPolicy)
+    cleanup_interval_s: float = 3600.0  # clean up each table at most this often (0: never)
+    retention_s: float = 7 * 86400.0  # what cleanup keeps: versions, and unreferenced files younger than it
 
 
 class TablePipeline(threading.Thread):
@@ -105,6 +108,7 @@ class TablePipeline(threading.Thread):
         self._inflight: Future[None] | None = None
         self._compaction_thread = ThreadPoolExecutor(1, thread_name_prefix=f"compaction-{table}")
         self._compaction: Future[None] | None = None
+        self._cleaned = -math.inf  # monotonic time of the last cleanup
         self._footprint_lock = threading.Lock()
         self._footprint_version = -1  # version the superfile gauges were last set from
 
@@ -286,10 +290,26 @@ class TablePipeline(threading.Thread):
             running = False
         if self.compactor is not None and not running and policy.due(entries, limit) and self.lease.valid():
             self._compaction = self._compaction_thread.submit(self._compact)
+        interval = self.config.cleanup_interval_s
+        if interval and time.monotonic() - self._cleaned >= interval and self.lease.valid():
+            self._cleaned = time.monotonic()
+            self._compaction_thread.submit(self._cleanup)  # after any compaction: one maintenance thread
+
+    def _cleanup(self) -> None:
+        """Maintenance thread: delete what no version within the retention window needs (``cleanup``)."""
+        try:
+            result = self.conn.open_table(self.table_name).cleanup(self.config.retention_s)
+            self.metrics.cleanups.add(1, self.labels)
+            self.metrics.files_removed.add(result["files_removed"], self.labels)
+        except TableNotFoundError:
+            return
+        except Exception:
+            log.exception("table %s: cleanup failed", self.table_name)
+            self.metrics.errors.add(1, {**self.labels, "kind": "cleanup"})
 
     def _compact(self) -> None:
         """Compaction thread: bounded runs in the compaction process while the policy asks for them (see
-        ``compactor.py``). A failure changes nothing and is only counted; the next commit asks again."""
+        ``superfile/maintenance.py``). A failure changes nothing and is only counted; the next commit asks again."""
         assert self.compactor is not None
         try:
             while not self._stopping.is_set() and self.lease.valid():
