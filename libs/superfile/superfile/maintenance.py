@@ -144,7 +144,9 @@ class Compactor:
             return _run(self.uri, table, self.policy, self.connect_options)
         with self._lock:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_start_worker)
+                self._pool = ProcessPoolExecutor(
+                    1, mp_context=get_context("spawn"), initializer=_start_worker, initargs=(os.getpid(),)
+                )
             pool = self._pool
         try:
             return pool.submit(_run, self.uri, table, self.policy, self.connect_options).result()
@@ -162,11 +164,12 @@ class Compactor:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _start_worker() -> None:
+def _start_worker(parent: int) -> None:
     """In the compaction process: yield the CPU to queries and commits, and die with its parent. A parent
-    killed by SIGKILL cannot stop its worker, which would otherwise live on, holding its memory, forever."""
+    killed by SIGKILL cannot stop its worker, which would otherwise live on, holding its memory, forever.
+    ``parent`` comes from the parent itself: one killed while this process was still starting is gone
+    already, and ``os.getppid()`` would name init."""
     os.nice(_NICE)
-    parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:

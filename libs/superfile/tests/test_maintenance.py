@@ -811,3 +811,42 @@ def test_maintenance_runs_itself_beside_the_commits(tmp_path: Path, scheme: str)
     assert superfile.connect(uri).open_table("t").count_rows() == 120
     plain = superfile.connect(uri)
     assert plain.maintenance is None  # off unless asked for (the gateway and the builder turn it on)
+
+
+def test_a_compaction_process_whose_parent_dies_while_it_starts_exits(tmp_path: Path) -> None:
+    """The parent is SIGKILLed before its compaction process has finished starting (a race once left such
+    processes alive for good: the process read its parent's pid after the parent was already gone)."""
+    marker = f"superfile-orphan-{uuid.uuid4().hex}"
+    uri = f"file://{tmp_path}"
+    _small(superfile.connect(uri))
+    script = (
+        "import sys, threading, time\n"
+        "from superfile.maintenance import CompactionPolicy, Compactor\n"
+        "c = Compactor(sys.argv[1], CompactionPolicy(4))\n"
+        "threading.Thread(target=c.run, args=('t',), daemon=True).start()\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script, uri], env={**os.environ, "ORPHAN_MARKER": marker})
+
+    def workers() -> list[int]:
+        found = []
+        for pid in os.listdir("/proc"):
+            if pid.isdigit() and int(pid) != parent.pid:
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        if marker.encode() in f.read():
+                            found.append(int(pid))
+                except OSError:
+                    continue
+        return found
+
+    deadline = time.monotonic() + 30
+    while not workers():  # the compaction process exists (it is still importing)
+        assert time.monotonic() < deadline, "no compaction process started"
+        time.sleep(0.01)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 15
+    while workers():
+        assert time.monotonic() < deadline, f"compaction processes outlived their parent: {workers()}"
+        time.sleep(0.1)
