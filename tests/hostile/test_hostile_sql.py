@@ -260,6 +260,25 @@ def test_a_worker_that_dies_costs_only_its_query(gateway: GatewayProcess) -> Non
     assert _sql(gateway, KEYS[0], "SELECT count(*) AS n FROM a").json()["rows"] == [{"n": ROWS}]
 
 
+def test_idle_workers_that_died_are_replaced_unseen(gateway: GatewayProcess) -> None:
+    assert _sql(gateway, KEYS[0], "SELECT 1 AS one").status_code == 200  # at least one idle worker
+    idle = _children(gateway.proc.pid)
+    assert idle
+    for child in idle:
+        os.kill(child, signal.SIGKILL)  # as the kernel's OOM killer would
+    wait_until(lambda: all(_dead(child) for child in idle), 5, "the workers to die")
+    answer = _sql(gateway, KEYS[0], "SELECT count(*) AS n FROM a")
+    assert answer.status_code == 200 and answer.json()["rows"] == [{"n": ROWS}], answer.text
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie: dead, its parent not told yet
+    except OSError:
+        return True
+
+
 def test_sigterm_stops_within_the_drain_time(tmp_path: Path) -> None:
     superfile.connect(f"file://{tmp_path}").create_table("a", pa.schema([("id", pa.int64())]))
     gw = GatewayProcess(SUPERFILE_STORAGE=f"file://{tmp_path}", SUPERFILE_DRAIN_S="2", SUPERFILE_SQL_TIMEOUT_S="300")

@@ -171,13 +171,20 @@ class SqlWorkers:
 
     async def _in_worker(self, job: _Job, disconnected: Callable[[], Awaitable[bool]]) -> pa.Table:
         deadline = time.monotonic() + self.timeout_s
-        worker = await self._acquire(deadline, disconnected)
+        for _ in range(2):  # an idle worker may have died (the kernel's OOM killer): then a fresh one
+            worker = await self._acquire(deadline, disconnected)
+            try:
+                worker.pipe.send_bytes(pickle.dumps(job))
+                break
+            except OSError:
+                await self._discard(worker, "crashed")
+        else:
+            raise QueryCrashedError("SQL worker processes die as they start; see the gateway's log")
         loop = asyncio.get_running_loop()
         readable = loop.create_future()
         fd = worker.pipe.fileno()
         loop.add_reader(fd, _settle, readable)
         try:
-            worker.pipe.send_bytes(pickle.dumps(job))
             while not readable.done():
                 await asyncio.wait([readable], timeout=_POLL_S)
                 if readable.done():
@@ -200,6 +207,11 @@ class SqlWorkers:
                     self.cancelled.add(1)
                     await self._discard(worker, "cancelled")
                     raise QueryTimeoutError("the client went away; the query was stopped")
+        except asyncio.CancelledError:  # the server is stopping (past its drain time): stop the query too
+            with self._lock:
+                self._started -= 1
+            worker.process.kill()
+            raise
         finally:
             loop.remove_reader(fd)
         try:
@@ -217,11 +229,18 @@ class SqlWorkers:
         """An idle worker, a new one while fewer than ``workers`` live, else the first to come free."""
         while True:
             with self._lock:
-                if self._idle:
-                    return self._idle.pop()
-                spawn = self._started < self.workers
+                dead = [w for w in self._idle if not w.process.is_alive()]
+                self._idle = [w for w in self._idle if w not in dead]
+                self._started -= len(dead)
+                idle = self._idle.pop() if self._idle else None
+                spawn = idle is None and self._started < self.workers
                 if spawn:
                     self._started += 1
+            for worker in dead:
+                self.restarts.add(1, {"reason": "crashed"})
+                await asyncio.to_thread(_stop, worker)
+            if idle is not None:
+                return idle
             if spawn:
                 try:
                     return await asyncio.to_thread(self._spawn)
