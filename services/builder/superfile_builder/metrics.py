@@ -7,7 +7,8 @@ Exported names (Prometheus adds ``_total`` to counters and the unit suffix):
 ``..._superfiles_compacted`` (superfiles a compaction replaced), ``..._cleanups``, ``..._files_removed``
 (by cleanups), ``..._compaction_wait_seconds``
 (histogram: how long a commit waited for a compaction at the policy's stop count), and per-table
-gauges ``..._lag_records`` (log end offset minus applied offset), ``..._applied_offset``,
+gauges ``..._lag_records`` (log end offset minus applied offset), ``..._lag_seconds`` (how long records
+have been waiting: the time since the pipeline last had nothing left to apply), ``..._applied_offset``,
 ``..._consumed_offset`` (next offset to read: staged but uncommitted records lie between the two),
 ``..._superfiles``, ``..._table_bytes`` and ``..._lease_held`` (1 while this
 process holds the table's lease). Every series carries a ``table`` label.
@@ -16,8 +17,9 @@ process holds the table's lease). Every series carries a ``table`` label.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from superfile.telemetry import meter, seconds_histogram
@@ -35,6 +37,12 @@ class TableGauges:
     end_offset: int = 0
     superfiles: int = 0
     table_bytes: int = 0
+    caught_up_at: float = field(default_factory=time.monotonic)  # when nothing was left to apply, last
+
+    def offsets_seen(self) -> None:
+        """Call after the applied or end offset moved: records the moment the pipeline has caught up."""
+        if self.applied_offset >= self.end_offset:
+            self.caught_up_at = time.monotonic()
 
 
 class BuilderMetrics:
@@ -68,6 +76,7 @@ class BuilderMetrics:
         self._lock = threading.Lock()
         gauges = {
             "superfile_builder_lag_records": ("log end offset minus applied offset", self._lag),
+            "superfile_builder_lag_seconds": ("seconds since nothing was left to apply (0: caught up)", self._age),
             "superfile_builder_applied_offset": ("next log offset to apply", self._field("applied_offset")),
             "superfile_builder_consumed_offset": ("next log offset to read", self._field("consumed_offset")),
             "superfile_builder_superfiles": ("superfiles in the current manifest", self._field("superfiles")),
@@ -94,6 +103,12 @@ class BuilderMetrics:
         for name, g in self._snapshot():
             if g.lease_held:
                 yield Observation(max(0, g.end_offset - g.applied_offset), {"table": name})
+
+    def _age(self, options: CallbackOptions) -> Iterable[Observation]:
+        now = time.monotonic()
+        for name, g in self._snapshot():
+            if g.lease_held:
+                yield Observation(now - g.caught_up_at if g.end_offset > g.applied_offset else 0.0, {"table": name})
 
     def _field(self, attr: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:

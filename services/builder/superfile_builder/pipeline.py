@@ -251,6 +251,7 @@ class TablePipeline(threading.Thread):
         ):
             self._commit()
         self.gauges.end_offset = source.end_offset()
+        self.gauges.offsets_seen()
 
     def _new_batch(self, table: Supertable) -> Batch:
         return Batch(
@@ -277,6 +278,7 @@ class TablePipeline(threading.Thread):
         self.metrics.rows_applied.add(batch.rows, self.labels)
         self.metrics.events_applied.add(batch.events, self.labels)
         self.gauges.applied_offset = batch.end
+        self.gauges.offsets_seen()
         table = batch.table
         entries = self._update_footprint(table)
         log.debug("table %s: committed offsets %d..%d (%d rows)", self.table_name, batch.start, batch.end, batch.rows)
