@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -489,7 +490,7 @@ def compose_binary() -> str:
 
 @functools.cache
 def compose_config() -> dict[str, Any]:
-    env = {"SUPERFILE_API_KEYS": "k:*:rw", "PATH": "/usr/bin:/bin"}
+    env = {**os.environ, "SUPERFILE_API_KEYS": "k:*:rw"}
     cmd = [compose_binary(), "-f", str(ROOT / "compose.yaml"), "--profile", "ingest", "config", "--format", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
