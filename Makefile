@@ -20,7 +20,7 @@ $(STAMP): $(BIN)/python libs/superfile/pyproject.toml services/gateway/pyproject
 
 install: $(STAMP)
 
-SERVICES := services/suite services/gateway services/builder services/ingest
+SERVICES := services/suite services/gateway services/builder services/ingest services/cache services/query
 
 $(TEST_STAMP): $(STAMP) libs/superfile/pyproject.toml $(addsuffix /pyproject.toml,$(SERVICES))
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }

@@ -14,12 +14,14 @@ from typing import Any
 import pyarrow as pa
 
 from superfile.errors import (
+    InvalidInputError,
     InvalidOptionError,
-    InvalidTableNameError,
+    ObjectNotFoundError,
     PreconditionFailedError,
     TableExistsError,
     TableNotFoundError,
     UpgradeRequiredError,
+    VersionNotFoundError,
 )
 from superfile.format.reader import DEFAULT_CACHE_DIR
 from superfile.io import Storage, from_uri
@@ -29,21 +31,15 @@ from superfile.manifest.model import FORMAT_VERSION, HistoryEntry, ManifestList,
 from superfile.manifest.store import POINTER
 from superfile.options import PartitionSpec, TableOptions, VectorColumn
 from superfile.schema import table_schema, to_arrow_table
+from superfile.search.fleet import Fleet
 from superfile.table import Supertable
 from superfile.table.history import upgrade
 from superfile.table.snapshot import Snapshot, TableFiles
+from superfile.validate import check_name
 
 __all__ = ["Connection", "connect"]
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
-
-
-def _check_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):  # in full: "a\n" is not "a"
-        raise InvalidTableNameError(
-            f"invalid table name {name!r}: use 1-128 letters, digits, '_' or '-', starting with a letter or digit"
-        )
-    return name
+_MANIFEST_PATH = re.compile(r"_manifests/[0-9]{1,20}-[0-9a-f]{8,64}\.json")
 
 
 def _fts(fts_columns: Sequence[str] | Mapping[str, str], tokenizer: str | Mapping[str, str]) -> dict[str, str]:
@@ -91,6 +87,9 @@ class Connection:
         cache_memory_bytes: int | None = None,
         storage: Storage | None = None,
         maintenance: MaintenancePolicy | bool = False,
+        cache_nodes: Sequence[str] | None = None,
+        cache_dns: str | None = None,
+        internal_token: str | None = None,
         **storage_options: Any,
     ):
         """``cache_dir``: where full-text indexes are extracted and, on remote storage, superfiles are cached
@@ -98,7 +97,10 @@ class Connection:
         ``cache_memory_bytes`` of their mappings resident, unbounded by default). See docs/storage.md.
         ``storage``: the backend to use instead of the one ``uri`` names (a wrapper around it: fault
         injection, instrumentation). ``maintenance``: compact and clean up the tables this connection
-        writes, in the background (True: the default :class:`MaintenancePolicy`; see docs/maintenance.md)."""
+        writes, in the background (True: the default :class:`MaintenancePolicy`; see docs/maintenance.md).
+        ``cache_nodes`` (URLs) or ``cache_dns`` (``host:port`` of a headless service): run the per-superfile work
+        of reads on those cache nodes (``superfile-cache``), sending ``internal_token``; this process becomes a
+        query root (docs/query.md)."""
         self.uri = uri
         if isinstance(cache_budget_bytes, bool) or not isinstance(cache_budget_bytes, int) or cache_budget_bytes < 0:
             raise InvalidOptionError(f"cache_budget_bytes must be an integer >= 0, got {cache_budget_bytes!r}")
@@ -112,6 +114,9 @@ class Connection:
         )
         self._files: dict[str, TableFiles] = {}
         self._lock = threading.Lock()
+        self.fleet = (
+            Fleet(list(cache_nodes or ()), dns=cache_dns, token=internal_token) if cache_nodes or cache_dns else None
+        )
         worker_options = {"cache_dir": cache_dir, "cache_budget_bytes": cache_budget_bytes, **storage_options}
         if maintenance is True:
             maintenance = MaintenancePolicy()
@@ -137,6 +142,8 @@ class Connection:
                     cache_dir=self._cache_dir,
                     disk_cache=self._disk_cache,
                     on_commit=None if maintenance is None else (lambda: maintenance.committed(name)),
+                    fanout=self.fleet,
+                    name=name,
                 )
                 self._files[name] = files
             return files
@@ -165,7 +172,7 @@ class Connection:
         **options: Any,
     ) -> Supertable:
         """Create a table from a schema (or from ``data``, whose schema it takes and which it appends)."""
-        _check_name(name)
+        check_name(name)
         if schema is None:
             if data is None:
                 raise InvalidOptionError("create_table needs a schema or data")
@@ -224,7 +231,7 @@ class Connection:
     ) -> Supertable:
         """Open a table at its latest version, or read-only at an earlier ``version`` or at the version
         that was current at ``as_of`` (a datetime, naive meaning UTC, or epoch milliseconds)."""
-        _check_name(name)
+        check_name(name)
         files = self._table_files(name)
         try:
             pointer, _ = files.manifests.read_pointer()
@@ -241,10 +248,37 @@ class Connection:
             return table
         return table.checkout(version, as_of=as_of)
 
+    def snapshot(self, name: str, manifest: str) -> Snapshot:
+        """A reader of ``name`` pinned to one of its manifests (a path below ``_manifests/``): the version a
+        query root planned a read against, which each of its leaves must read. Manifests are immutable, so
+        every leaf reads the same one, whatever has been committed since."""
+        check_name(name)
+        if not _MANIFEST_PATH.fullmatch(manifest):
+            raise InvalidInputError(f"{manifest!r} is not a manifest path (_manifests/<version>-<id>.json)")
+        files = self._table_files(name)
+        try:
+            return Snapshot(files, manifest, files.manifests.load_list(manifest))
+        except ObjectNotFoundError:
+            raise VersionNotFoundError(f"table {name!r} has no manifest {manifest!r} (dropped or cleaned up)") from None
+
+    def warm(self, name: str, superfiles: Sequence[tuple[str, int]]) -> int:
+        """Copy the given superfiles (path, size) of ``name`` into the disk cache unless there already, so
+        that the first query to need them does not wait for a download (a cache node warming what it owns
+        after a commit or a restart). Returns how many were downloaded; 0 without a disk cache."""
+        cache = self._disk_cache
+        if cache is None:
+            return 0
+        storage = self._table_files(check_name(name)).storage
+        before = cache.fetches
+        for path, size in superfiles:
+            if not cache.resident(storage, path):
+                cache.fetch(storage, path, size)
+        return cache.fetches - before
+
     def upgrade_table(self, name: str) -> int:
         """Convert a table written by an older superfile to the current format, in one commit (a table
         already current is left alone); returns its version."""
-        _check_name(name)
+        check_name(name)
         try:
             return upgrade(self._table_files(name).manifests)
         except TableNotFoundError:
@@ -252,7 +286,7 @@ class Connection:
 
     def drop_table(self, name: str) -> None:
         """Remove a table: it disappears atomically (pointer first), then its files are deleted."""
-        _check_name(name)
+        check_name(name)
         files = self._table_files(name)
         if not files.storage.exists(POINTER):
             raise TableNotFoundError(f"table {name!r} does not exist")
@@ -277,6 +311,8 @@ class Connection:
         """Stop background maintenance (after its current run); the connection's tables stay usable."""
         if self.maintenance is not None:
             self.maintenance.close()
+        if self.fleet is not None:
+            self.fleet.close()
 
     def __enter__(self) -> Connection:
         return self

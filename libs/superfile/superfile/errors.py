@@ -8,6 +8,7 @@ to one HTTP status (see ``http_status``).
 from __future__ import annotations
 
 __all__ = [
+    "CacheNodeUnavailableError",
     "CommitStateUnknownError",
     "ContentionError",
     "CorruptSuperfileError",
@@ -128,6 +129,11 @@ class StorageError(SuperfileError):
     """The storage backend failed in a way retries could not hide."""
 
     http_status = 503
+
+
+class CacheNodeUnavailableError(StorageError):
+    """No cache node answered a query root's leaf request within its deadline (every node in the
+    superfile's rendezvous order was tried); retrying later is safe: reads change nothing."""
 
 
 class ObjectNotFoundError(StorageError):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
+import hmac
 import json
 import logging
 import math
@@ -18,7 +20,7 @@ import threading
 import time
 import weakref
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -62,7 +64,8 @@ from superfile.table.cleanup import DEFAULT_RETENTION
 from superfile.telemetry import CONTENT_TYPE, meter, render, seconds_histogram
 
 from superfile_gateway.admission import Admission
-from superfile_gateway.auth import KeyRing, Principal, RedactKeysInUrls, refuse_keys_in_url
+from superfile_gateway.auth import KeyRing, Principal, RedactKeysInUrls, principal_of_grants, refuse_keys_in_url
+from superfile_gateway.forward import GRANTS_HEADER, QueryService
 from superfile_gateway.guard import Guard, InFlight
 from superfile_gateway.models import (
     Bm25Request,
@@ -194,6 +197,12 @@ class Gateway:
             "cache_budget_bytes": settings.cache_budget_bytes,
             "cache_memory_bytes": settings.cache_memory_bytes,
         }
+        if settings.cache_nodes or settings.cache_dns:  # a query service: reads fan out to the cache nodes
+            connect_options.update(
+                cache_nodes=list(settings.cache_nodes),
+                cache_dns=settings.cache_dns,
+                internal_token=settings.internal_token,
+            )
         maintenance = (
             MaintenancePolicy(
                 CompactionPolicy(settings.compact_small_files), settings.cleanup_interval_s, settings.retention_s
@@ -240,6 +249,12 @@ class Gateway:
             admission=self.admission,
             meter=m,
         )
+        self.query_service = (
+            QueryService(settings.query_url, settings.internal_token or "", settings.sql_timeout_s + 30.0)
+            if settings.query_url
+            else None
+        )
+        self._internal = hashlib.sha256((settings.internal_token or "").encode()).digest()
         self._readiness = ThreadPoolExecutor(1, thread_name_prefix="superfile-readyz")  # never behind queries
         self._ready_check: asyncio.Future[tuple[bool, str]] | None = None
 
@@ -503,7 +518,29 @@ class Gateway:
             return False, "the event log broker is not reachable"
         return True, "ready"
 
+    def trusted(self, principal: Principal) -> bool:
+        """Whether the caller presented the internal token (a gateway forwarding a read to this query service)."""
+        return bool(self.settings.internal_token) and hmac.compare_digest(principal.identity, self._internal)
+
+    def forward(self, request: Request, body: bytes, principal: Principal, name: str | None, kind: str) -> Response:
+        """A read for the query service: scope, admission and ``wait_for`` here, the read there."""
+        assert self.query_service is not None
+        if name is not None and not (kind == "describe" and principal.visible(name)):
+            principal.require(name, "r")
+        wait_for = request.query_params.get("wait_for")
+        start = time.perf_counter()
+        try:
+            with self.admission.enter("sql" if kind == "sql" else "search", principal):
+                if wait_for is not None and name is not None:
+                    with self.using(name):
+                        self.wait_for(self.table(name), wait_for)
+                return self.query_service.forward(request, body, principal, drop=("wait_for",))
+        finally:
+            self.query_seconds.record(time.perf_counter() - start, {"kind": kind})
+
     def close(self) -> None:
+        if self.query_service is not None:
+            self.query_service.close()
         self.db.close()
         self.sql.close()
         self.writes.close()
@@ -587,7 +624,11 @@ async def _principal(request: Request) -> Principal:
     gateway: Gateway = request.app.state.gateway
     headers = request.headers
     refuse_keys_in_url(request.query_params.keys())
-    return gateway.keys.authenticate(headers.get("authorization"), headers.get("x-api-key"))
+    principal = gateway.keys.authenticate(headers.get("authorization"), headers.get("x-api-key"))
+    forwarded = headers.get(GRANTS_HEADER)
+    if forwarded is not None and gateway.trusted(principal):
+        return principal_of_grants(forwarded)
+    return principal
 
 
 async def _at(
@@ -697,6 +738,9 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
     @app.get("/metrics", tags=["service"])
     async def metrics() -> Response:
         return Response(render(), media_type=CONTENT_TYPE)
+
+    if gw.query_service is not None:
+        _forward_reads(app, gw)
 
     # -- catalog ----------------------------------------------------------------------
     @app.get("/tables", tags=["tables"])
@@ -970,3 +1014,46 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         inflight=gw.inflight,
     )
     return app
+
+
+def _forward_reads(app: FastAPI, gw: Gateway) -> None:
+    """Routes that send reads to the query service, registered ahead of (so in place of) the embedded ones;
+    the query service answers with those same routes, so the API and its documentation do not change."""
+
+    async def send(request: Request, principal: Principal, name: str | None, kind: str) -> Response:
+        body = await request.body()
+        return await run_in_threadpool(gw.forward, request, body, principal, name, kind)
+
+    @app.post("/tables/{name}/search/{kind}", include_in_schema=False)
+    async def search(name: str, kind: str, request: Request, p: Auth) -> Response:
+        return await send(request, p, name, kind)
+
+    @app.post("/tables/{name}/scan", include_in_schema=False)
+    async def scan(name: str, request: Request, p: Auth) -> Response:
+        return await send(request, p, name, "scan")
+
+    @app.post("/tables/{name}/count", include_in_schema=False)
+    async def count(name: str, request: Request, p: Auth) -> Response:
+        return await send(request, p, name, "count")
+
+    @app.get("/tables/{name}", include_in_schema=False)
+    async def describe(name: str, request: Request, p: Auth) -> Response:
+        return await send(request, p, name, "describe")
+
+    @app.get("/tables", include_in_schema=False)
+    async def list_tables(request: Request, p: Auth) -> Response:
+        return await send(request, p, None, "list")
+
+    # /version stays here: the position a write's wait_for names belongs to this gateway's write path
+    def table_read(what: str) -> Callable[..., Awaitable[Response]]:
+        async def read(name: str, request: Request, p: Auth) -> Response:
+            return await send(request, p, name, what)
+
+        return read
+
+    for what in ("stats", "properties", "idempotency", "versions", "changes"):
+        app.add_api_route(f"/tables/{{name}}/{what}", table_read(what), methods=["GET"], include_in_schema=False)
+
+    @app.post("/sql", include_in_schema=False)
+    async def sql(request: Request, p: Auth) -> Response:
+        return await send(request, p, None, "sql")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
+import json
 import logging
 import re
 from collections.abc import Iterable, Sequence
@@ -15,7 +16,7 @@ from superfile.remote.errors import AuthenticationError, PermissionDeniedError
 
 from superfile_gateway.settings import ApiKey
 
-__all__ = ["KEY_PARAMETERS", "KeyRing", "Principal", "RedactKeysInUrls", "refuse_keys_in_url"]
+__all__ = ["KEY_PARAMETERS", "KeyRing", "Principal", "RedactKeysInUrls", "principal_of_grants", "refuse_keys_in_url"]
 
 _WORD = {"r": "read", "w": "write"}
 # Query parameters that would carry a credential: refused, and redacted wherever a URL is logged.
@@ -98,3 +99,16 @@ class KeyRing:
         if not found:
             raise AuthenticationError("unknown API key")
         return Principal(found)
+
+
+def principal_of_grants(header: str) -> Principal:
+    """The caller a gateway forwarded a read for (``forward.grants_header``): its grants, and its key's digest
+    for the per-key caps. Trusted only on a request that presented the internal token."""
+    try:
+        body = json.loads(header)
+        grants = tuple(
+            ApiKey(bytes.fromhex(body["key"]), str(glob), frozenset(str(scopes))) for glob, scopes in body["grants"]
+        )
+        return Principal(grants, unrestricted=bool(body["unrestricted"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise InvalidInputError(f"malformed forwarded grants: {e}") from None

@@ -98,8 +98,21 @@ class Settings:
     compact_small_files: int = 16  # compact a partition holding more small superfiles than this (0: never)
     cleanup_interval_s: float = 3600.0  # clean up each table that commits at most this often (0: never)
     retention_s: float = 7 * 86400.0  # versions (and unreferenced files) younger than this stay
+    # the distributed read path (docs/query.md): a gateway with ``query_url`` sends every read to the query
+    # service; a query service (``superfile-query serve``) runs reads on ``cache_nodes`` or ``cache_dns``. All
+    # three authenticate each other with ``internal_token``.
+    query_url: str | None = None
+    internal_token: str | None = field(default=None, repr=False)
+    cache_nodes: tuple[str, ...] = ()
+    cache_dns: str | None = None
 
     def __post_init__(self) -> None:
+        if (self.query_url or self.cache_nodes or self.cache_dns) and not self.internal_token:
+            raise ConfigError(
+                "the distributed read path needs the shared secret of its services: set SUPERFILE_INTERNAL_TOKEN"
+            )
+        if self.query_url is not None and not self.query_url.startswith(("http://", "https://")):
+            raise ConfigError(f"SUPERFILE_QUERY_URL must be an http(s) URL, got {self.query_url!r}")
         if not self.storage:
             raise ConfigError("the storage URI is required (SUPERFILE_STORAGE)")
         if self.auth and not self.api_keys:
@@ -159,7 +172,8 @@ class Settings:
         ``SUPERFILE_SQL_WORKERS``, ``SUPERFILE_SQL_TIMEOUT_S``, ``SUPERFILE_SQL_MEMORY_BYTES``,
         ``SUPERFILE_SQL_MAX_CONCURRENT``, ``SUPERFILE_SEARCH_MAX_CONCURRENT``, ``SUPERFILE_MAX_CONCURRENT_PER_KEY``,
         ``SUPERFILE_MAX_RESULT_ROWS``, ``SUPERFILE_DRAIN_S``; maintenance: ``SUPERFILE_MAINTENANCE``,
-        ``SUPERFILE_COMPACT_SMALL_FILES``, ``SUPERFILE_CLEANUP_INTERVAL_S``, ``SUPERFILE_RETENTION_S``."""
+        ``SUPERFILE_COMPACT_SMALL_FILES``, ``SUPERFILE_CLEANUP_INTERVAL_S``, ``SUPERFILE_RETENTION_S``; the read
+        path: ``SUPERFILE_QUERY_URL``, ``SUPERFILE_INTERNAL_TOKEN``."""
         e = os.environ if env is None else env
         try:
             return cls(
@@ -188,6 +202,8 @@ class Settings:
                 compact_small_files=int(e.get("SUPERFILE_COMPACT_SMALL_FILES", 16)),
                 cleanup_interval_s=float(e.get("SUPERFILE_CLEANUP_INTERVAL_S", 3600.0)),
                 retention_s=float(e.get("SUPERFILE_RETENTION_S", 7 * 86400.0)),
+                query_url=e.get("SUPERFILE_QUERY_URL") or None,
+                internal_token=e.get("SUPERFILE_INTERNAL_TOKEN") or None,
             )
         except ValueError as exc:
             if isinstance(exc, ConfigError):

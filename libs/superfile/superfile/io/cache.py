@@ -92,6 +92,7 @@ class DiskCache:
             raise InvalidOptionError(f"cannot keep the disk cache in {directory!r}: {e}") from None
         self.directory = directory
         self.fetches = 0  # objects this process downloaded (a cold open); hits do not count
+        self.hits = 0  # opens and uses answered by a copy already here
         self.advised = 0  # mappings advised out of memory to keep within the memory budget
         self._guard = threading.Lock()
         self._fetching: dict[str, threading.Lock] = {}
@@ -112,6 +113,8 @@ class DiskCache:
         """A local path holding the ``size`` bytes of ``key``: the copy already here, or a new one."""
         local = self.path(storage, key)
         if self._use(local):
+            with self._guard:
+                self.hits += 1
             return local
         with self._guard:
             lock = self._fetching.setdefault(local, threading.Lock())
@@ -217,6 +220,7 @@ class DiskCache:
         local = self.path(storage, key)
         now = time.monotonic()
         with self._guard:
+            self.hits += 1
             fresh = now - self._touched.get(local, -_TOUCH_EVERY) < _TOUCH_EVERY
             returned = False
             for m in self._mapped.get(local, ()):

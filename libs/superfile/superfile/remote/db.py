@@ -16,35 +16,21 @@ import pyarrow as pa
 import urllib3
 from urllib3.exceptions import HTTPError, MaxRetryError, NewConnectionError, TimeoutError
 
-from superfile.connection import _check_name as check_name  # the engine's own rule, checked before any request
 from superfile.errors import InvalidInputError, InvalidOptionError, SuperfileError
 from superfile.options import PartitionSpec, TableOptions, VectorColumn
-from superfile.remote.errors import GatewayError, GatewayUnavailableError, error_class
+from superfile.remote.errors import GatewayError, GatewayUnavailableError, error_from_response
 from superfile.remote.table import RemoteTable
 from superfile.remote.wire import ARROW_STREAM, from_ipc, schema_from_b64, schema_to_b64
 from superfile.schema import to_arrow_table
 from superfile.table.history import check_version, to_ms
+from superfile.validate import check_name  # the engine's own rule, checked before any request
 
 __all__ = ["RemoteConnection"]
 
 
 def _error(response: urllib3.BaseHTTPResponse) -> SuperfileError:
     """The typed error a gateway's error response describes."""
-    type_name, message = None, response.data.decode(errors="replace") or f"HTTP {response.status}"
-    try:
-        body = json.loads(response.data)["error"]
-        type_name, message = body.get("type"), body.get("message", message)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        pass
-    cls = error_class(type_name, response.status)
-    if cls is None:
-        return GatewayError(message, response.status)
-    try:
-        return cls(message)
-    except TypeError:  # a class whose constructor takes structured arguments: keep the type, carry the message
-        exc = cls.__new__(cls)
-        exc.args = (message,)
-        return exc
+    return error_from_response(response.status, response.data)
 
 
 _RETRY_STATUSES = frozenset({429, 502, 503})

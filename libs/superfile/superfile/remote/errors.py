@@ -6,6 +6,8 @@ the SDK raises the class of that name, so remote callers catch the same types as
 
 from __future__ import annotations
 
+import json
+
 import superfile.errors as engine_errors
 from superfile.errors import InvalidInputError, StorageError, SuperfileError
 
@@ -20,6 +22,7 @@ __all__ = [
     "TooManyRequestsError",
     "VisibilityTimeoutError",
     "error_class",
+    "error_from_response",
 ]
 
 
@@ -115,3 +118,23 @@ def error_class(type_name: str | None, status: int) -> type[SuperfileError] | No
         if isinstance(cls, type) and issubclass(cls, SuperfileError):
             return cls
     return _BY_STATUS.get(status)
+
+
+def error_from_response(status: int, body: bytes) -> SuperfileError:
+    """The typed error an error response of a gateway (or a query or cache node) describes:
+    ``{"error": {"type": <class name>, "message": ...}}``, else the usual class of the status."""
+    type_name, message = None, body.decode(errors="replace") or f"HTTP {status}"
+    try:
+        error = json.loads(body)["error"]
+        type_name, message = error.get("type"), error.get("message", message)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass
+    cls = error_class(type_name, status)
+    if cls is None:
+        return GatewayError(message, status)
+    try:
+        return cls(message)
+    except TypeError:  # a class whose constructor takes structured arguments: keep the type, carry the message
+        exc = cls.__new__(cls)
+        exc.args = (message,)
+        return exc

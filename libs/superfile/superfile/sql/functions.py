@@ -77,7 +77,7 @@ def _target(session: SqlSession, args: tuple[Any, ...], fn: str) -> tuple[Search
     name = session._resolve(_str(args, 0, fn, "the table name"))
     snap = session.snapshot(name)
     cols = [c for c in session.needed_columns(snap) if c not in (ID, SCORE)]
-    return Searcher(snap), cols
+    return Searcher.of(snap), cols
 
 
 def vector_search(session: SqlSession, *args: Any) -> Table:

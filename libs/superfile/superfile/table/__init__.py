@@ -85,6 +85,10 @@ class Supertable:
                 return self._snapshot
         return self._refresh()
 
+    def snapshot(self) -> Snapshot:
+        """The snapshot a read would use now (its manifest path, entries and schema): a query root pins it."""
+        return self._current()
+
     def _refresh(self) -> Snapshot:
         return self._refresh_with_pointer()[0]
 
@@ -241,13 +245,13 @@ class Supertable:
     ) -> pa.Table:
         """BM25 top-k over a full-text column with table-wide statistics, highest score first.
         ``mode`` "any" matches rows with any query term, "all" only rows with every term."""
-        return Searcher(self._current()).bm25_search(column, query, k, mode, projection)
+        return Searcher.of(self._current()).bm25_search(column, query, k, mode, projection)
 
     def bm25_search_prefix(
         self, column: str, prefix: str, k: int = 10, *, projection: list[str] | None = None
     ) -> pa.Table:
         """BM25 top-k where the query is expanded as a term prefix (the most frequent expansions)."""
-        return Searcher(self._current()).bm25_search_prefix(column, prefix, k, projection)
+        return Searcher.of(self._current()).bm25_search_prefix(column, prefix, k, projection)
 
     def token_match(
         self,
@@ -260,14 +264,14 @@ class Supertable:
     ) -> pa.Table:
         """Every row containing all (``and``) or any (``or``) of the tokens: unranked, score null. More
         matches than ``max_rows`` is a :class:`QueryLimitError` (raised before any row is read)."""
-        return Searcher(self._current()).token_match(column, tokens, mode, projection, _positive(max_rows))
+        return Searcher.of(self._current()).token_match(column, tokens, mode, projection, _positive(max_rows))
 
     def exact_match(
         self, column: str, value: str, *, projection: list[str] | None = None, max_rows: int | None = None
     ) -> pa.Table:
         """Every row whose stored value equals ``value`` exactly (index-pruned, then compared raw); more
         than ``max_rows`` is a :class:`QueryLimitError`."""
-        return Searcher(self._current()).exact_match(column, value, projection, _positive(max_rows))
+        return Searcher.of(self._current()).exact_match(column, value, projection, _positive(max_rows))
 
     def vector_search(
         self,
@@ -288,7 +292,7 @@ class Supertable:
         nearest rows that satisfy them. ``nprobe`` (clusters probed) and
         ``rerank`` (exactly re-scored candidates) trade recall for speed.
         """
-        return Searcher(self._current()).vector_search(
+        return Searcher.of(self._current()).vector_search(
             column, vector, k, nprobe=nprobe, rerank=rerank, text_filter=filter, where=where, projection=projection
         )
 
@@ -304,7 +308,7 @@ class Supertable:
     ) -> pa.Table:
         """BM25 and vector kNN on one snapshot fused by reciprocal rank (as the ``hybrid_search`` SQL table
         function), best first: ``_id``, ``score`` (higher is better), the projected columns."""
-        return Searcher(self._current()).hybrid_search(text_column, query, vector_column, vector, k, projection)
+        return Searcher.of(self._current()).hybrid_search(text_column, query, vector_column, vector, k, projection)
 
     # -- writes -------------------------------------------------------------------
     def transaction(self, *, precondition: Callable[[ManifestList], None] | None = None) -> Transaction:

@@ -46,7 +46,7 @@ from superfile.pools import query_pool
 from superfile.schema import ID, SCORE
 from superfile.table.snapshot import Snapshot
 
-__all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "rrf_fuse"]
+__all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "rrf_fuse", "top_terms"]
 
 log = logging.getLogger(__name__)
 
@@ -151,11 +151,22 @@ def _mode(mode: str, allowed: Sequence[str]) -> str:
 class Searcher:
     """All searches of one call, against one snapshot."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, corpus: CorpusStats | None = None) -> None:
+        """``corpus``: the table-wide BM25 statistics, when a query root gathered them for this leaf's share."""
         self.snap = snapshot
         self.options = snapshot.manifest.options
+        self.corpus = corpus
         self.total = 0
         self.searched = 0
+
+    @staticmethod
+    def of(snapshot: Snapshot) -> Searcher:
+        """The searcher for ``snapshot``: in this process, or a query root fanning out to cache nodes."""
+        if snapshot.fanout is None:
+            return Searcher(snapshot)
+        from superfile.search.root import RootSearcher  # the root builds on this module
+
+        return RootSearcher(snapshot)
 
     # -- validation ------------------------------------------------------------------
     def _fts_column(self, column: str) -> str:
@@ -299,13 +310,25 @@ class Searcher:
         key = f"{self.snap.files.storage.uri}#{entry.path}#{column}"
         return _deleted_text.get(key, self.snap.deleted(entry), analyse)
 
-    def _corpus_stats(self, column: str, terms: list[str], candidates: list[SuperfileEntry]) -> CorpusStats:
+    def _corpus_stats(self, column: str, terms: list[str]) -> CorpusStats:
         """Table-wide BM25 statistics over the live rows: N and total length from the manifest, df from the
-        candidate files (a pruned file's bloom filter proved df = 0 there), minus what deleted rows add to
-        them. Deleted rows thus never change a score: a search ranks the same before and after the
+        files that may hold a term (a pruned file's bloom filter proved df = 0 there), minus what deleted rows
+        add to them. Deleted rows thus never change a score: a search ranks the same before and after the
         deletion vectors are compacted away."""
+        df, deleted_tokens = self.term_stats(column, terms)
+        return self.corpus_of(column, terms, df, deleted_tokens)
+
+    def corpus_of(self, column: str, terms: list[str], df: Sequence[int], deleted_tokens: int) -> CorpusStats:
+        """The statistics from the manifest's totals and the (summed) :meth:`term_stats` of the superfiles."""
         entries = self.snap.entries()
         num_docs = sum(e.live_rows for e in entries)
+        total_tokens = sum(e.fts_tokens.get(column, 0) for e in entries) - deleted_tokens
+        return CorpusStats(num_docs, total_tokens, dict(zip(terms, [int(n) for n in df], strict=True)))
+
+    def term_stats(self, column: str, terms: list[str]) -> tuple[list[int], int]:
+        """This snapshot's share of the BM25 statistics: per term, the live rows holding it, and the analysed
+        length of its deleted rows. A query root sums the shares its leaves report."""
+        entries = self.snap.entries()
         with_deletes = [e for e in entries if e.deletes is not None]
         deleted = dict(
             zip(
@@ -314,7 +337,6 @@ class Searcher:
                 strict=True,
             )
         )
-        total_tokens = sum(e.fts_tokens.get(column, 0) for e in entries) - sum(d.tokens for d in deleted.values())
 
         def freqs(e: SuperfileEntry) -> list[int]:
             fts = self._fulltext(e, column)
@@ -322,9 +344,9 @@ class Searcher:
             return [fts.doc_freq(t) - gone.get(t, 0) for t in terms]
 
         df = np.zeros(len(terms), np.int64)
-        for row in self.snap.each(freqs, candidates):
+        for row in self.snap.each(freqs, self._term_candidates(column, terms, "any")):
             df += np.asarray(row, np.int64)
-        return CorpusStats(num_docs, total_tokens, dict(zip(terms, df.tolist(), strict=True)))
+        return df.tolist(), sum(d.tokens for d in deleted.values())
 
     def _union(self, column: str) -> tuple[UnionIndex, list[SuperfileEntry]] | None:
         """One searcher over every superfile's index of ``column`` (``format/fulltext_union.py``) for a
@@ -335,7 +357,7 @@ class Searcher:
         entries = self.snap.entries()
         if not entries or any(e.deletes is not None for e in entries):
             return None
-        key = f"{self.snap.files.storage.uri}#{self.snap.path}#{column}"
+        key = f"{self.snap.files.storage.uri}#{self.snap.key}#{column}"
         try:
             united, _ = _unions.get_or_load(key, lambda: self._build_union(column, entries))
         except (OSError, ValueError) as exc:
@@ -363,15 +385,14 @@ class Searcher:
         if not terms:
             return self._result([], k, True, projection)
         candidates = self._term_candidates(column, terms, mode)
-        united = self._union(column)
+        united = self._union(column) if self.corpus is None else None
         if united is not None:
             union, entries = united
             self.searched = len(candidates)  # where the terms can be; the union skips the rest natively
             hits = [_Hits(entries[i], rows, scores) for i, rows, scores in union.top(terms, k, mode)]
             return self._result(hits, k, True, projection)
         # df counts every superfile holding the term: in mode "all" that is more than those holding them all
-        holders = candidates if mode == "any" else self._term_candidates(column, terms, "any")
-        stats = self._corpus_stats(column, terms, holders)
+        stats = self.corpus if self.corpus is not None else self._corpus_stats(column, terms)
         if mode == "all" and min(stats.doc_freq.values(), default=0) == 0:
             candidates = []
 
@@ -398,9 +419,27 @@ class Searcher:
         k = _check_k(k)
         if not isinstance(prefix, str) or not prefix.strip():
             raise InvalidInputError("prefix must be a non-empty string")
+        return self.bm25(
+            column, top_terms(self.prefix_terms(column, self.prefix_term(column, prefix))), k, "any", projection
+        )
+
+    def prefix_term(self, column: str, prefix: str) -> str:
+        """The term a prefix query expands: its last word, analysed unless the analyzer stems."""
         tokens = self._analyze(column, prefix) if self.options.fts_columns[column] != "english" else None
         # stemming would cut the prefix ("aerodyn" -> "aerodyn" but "flutter" -> "flutter"): lowercase instead
-        p = tokens[-1] if tokens else prefix.strip().split()[-1].lower()
+        return tokens[-1] if tokens else prefix.strip().split()[-1].lower()
+
+    def prefix_terms(self, column: str, p: str) -> dict[str, int]:
+        """Every term of this snapshot starting with ``p``, with the rows holding it (before deletes)."""
+        entries = self._prefix_entries(column, p)
+        counts: dict[str, int] = {}
+        for found in self.snap.each(lambda e: self._fulltext(e, column).searcher.terms_with_prefix("text", p), entries):
+            for term, n in found:
+                counts[term] = counts.get(term, 0) + n
+        return counts
+
+    def _prefix_entries(self, column: str, p: str) -> list[SuperfileEntry]:
+        """The superfiles whose term range can hold a term starting with ``p``."""
         entries = []
         for e in self._entries():
             s = e.text.get(column)
@@ -408,12 +447,7 @@ class Searcher:
                 continue
             if s.max_term >= p and (s.min_term < p or s.min_term.startswith(p)):
                 entries.append(e)
-        counts: dict[str, int] = {}
-        for found in self.snap.each(lambda e: self._fulltext(e, column).searcher.terms_with_prefix("text", p), entries):
-            for term, n in found:
-                counts[term] = counts.get(term, 0) + n
-        terms = [t for t, _ in sorted(counts.items(), key=lambda tc: (-tc[1], tc[0]))[:MAX_PREFIX_TERMS]]
-        return self.bm25(column, terms, k, "any", projection)
+        return entries
 
     def token_match(
         self,
@@ -423,15 +457,7 @@ class Searcher:
         projection: Sequence[str] | None,
         max_rows: int | None = None,
     ) -> pa.Table:
-        self._fts_column(column)
-        mode = {"and": "all", "or": "any", "all": "all", "any": "any"}.get(
-            _mode(mode, ("and", "or", "all", "any")), mode
-        )
-        words = [tokens] if isinstance(tokens, str) else list(tokens)
-        terms = list(dict.fromkeys(t for w in words for t in self._analyze(column, w)))
-        if not terms:
-            raise InvalidInputError("token_match needs at least one token that the column's tokenizer keeps")
-        candidates = self._term_candidates(column, terms, mode)
+        terms, mode, candidates = self._token_plan(column, tokens, mode)
 
         def one(e: SuperfileEntry) -> _Hits:
             rows = self._fulltext(e, column).match(terms, "and" if mode == "all" else "or")
@@ -442,10 +468,22 @@ class Searcher:
 
         return self._unranked(self._run(one, candidates), projection, max_rows)
 
-    def exact_match(
-        self, column: str, value: str, projection: Sequence[str] | None, max_rows: int | None = None
-    ) -> pa.Table:
-        """Two passes: the index prunes to candidate rows, a raw string comparison decides."""
+    def _token_plan(
+        self, column: str, tokens: str | Sequence[str], mode: str
+    ) -> tuple[list[str], str, list[SuperfileEntry]]:
+        """A token match's analysed terms, its mode (``all``/``any``) and the superfiles that may hold them."""
+        self._fts_column(column)
+        mode = {"and": "all", "or": "any", "all": "all", "any": "any"}.get(
+            _mode(mode, ("and", "or", "all", "any")), mode
+        )
+        words = [tokens] if isinstance(tokens, str) else list(tokens)
+        terms = list(dict.fromkeys(t for w in words for t in self._analyze(column, w)))
+        if not terms:
+            raise InvalidInputError("token_match needs at least one token that the column's tokenizer keeps")
+        return terms, mode, self._term_candidates(column, terms, mode)
+
+    def _exact_plan(self, column: str, value: str) -> list[SuperfileEntry]:
+        """The superfiles an exact match must look in: min/max and term blooms can hold the value."""
         self._fts_column(column)
         if not isinstance(value, str):
             raise InvalidInputError("exact_match value must be a string")
@@ -455,6 +493,13 @@ class Searcher:
         if terms:
             bloom_ok = set(id(e) for e in self._term_candidates(column, terms, "all"))
             candidates = [e for e in candidates if id(e) in bloom_ok]
+        return candidates
+
+    def exact_match(
+        self, column: str, value: str, projection: Sequence[str] | None, max_rows: int | None = None
+    ) -> pa.Table:
+        """Two passes: the index prunes to candidate rows, a raw string comparison decides."""
+        candidates = self._exact_plan(column, value)
 
         def one(e: SuperfileEntry) -> _Hits:
             rows = self._fulltext(e, column).match_exact(value)
@@ -511,18 +556,11 @@ class Searcher:
         """The table schema a ``where`` was resolved against (a changed schema must not reuse old entries)."""
         return hashlib.blake2b(self.snap.schema.to_string().encode(), digest_size=8).hexdigest()
 
-    def vector_search(
-        self,
-        column: str,
-        vector: Any,
-        k: int,
-        *,
-        nprobe: int | None,
-        rerank: int | None,
-        text_filter: Mapping[str, Any] | None,
-        where: str | None,
-        projection: Sequence[str] | None,
-    ) -> pa.Table:
+    def _vector_plan(
+        self, column: str, vector: Any, k: int, text_filter: Mapping[str, Any] | None, where: str | None
+    ) -> tuple[int, np.ndarray, Predicate | None, dict[str, Any] | None, list[SuperfileEntry]]:
+        """A vector search checked (k, the query vector, both filters) and the superfiles the filters' summaries
+        keep (min/max for ``where``, term blooms for the text filter)."""
         self._vector_column(column)
         k = _check_k(k)
         q = self._query_vector(column, vector)
@@ -541,6 +579,21 @@ class Searcher:
         if tf is not None:
             allowed_ids = {id(e) for e in self._term_candidates(tf["column"], tf["terms"], tf["mode"])}
             entries = [e for e in entries if id(e) in allowed_ids]
+        return k, q, predicate, tf, entries
+
+    def vector_search(
+        self,
+        column: str,
+        vector: Any,
+        k: int,
+        *,
+        nprobe: int | None,
+        rerank: int | None,
+        text_filter: Mapping[str, Any] | None,
+        where: str | None,
+        projection: Sequence[str] | None,
+    ) -> pa.Table:
+        k, q, predicate, tf, entries = self._vector_plan(column, vector, k, text_filter, where)
         metric = self.options.vector_columns[column].metric
         entries, bound = _route(entries, column, q, metric)
 
@@ -585,7 +638,7 @@ class Searcher:
     def _vector_union(self, column: str) -> tuple[VectorUnion, list[SuperfileEntry]] | None:
         """One IVF search over the superfiles without deleted rows (``format/vector_union.py``) and those
         superfiles (its parts, in order); built once per snapshot. None if no superfile qualifies."""
-        key = f"{self.snap.files.storage.uri}#{self.snap.path}#{column}"
+        key = f"{self.snap.files.storage.uri}#{self.snap.key}#{column}"
 
         def build() -> tuple[VectorUnion, list[SuperfileEntry]] | None:
             entries = [e for e in self.snap.entries() if e.deletes is None]
@@ -615,10 +668,10 @@ class Searcher:
         depth = max(k, HYBRID_DEPTH)  # each retriever's list length: fusion needs more than the final k
 
         def text() -> pa.Table:
-            return Searcher(self.snap).bm25_search(text_column, query, depth, "any", cols)
+            return Searcher.of(self.snap).bm25_search(text_column, query, depth, "any", cols)
 
         def vec() -> pa.Table:
-            return Searcher(self.snap).vector_search(
+            return Searcher.of(self.snap).vector_search(
                 vector_column, vector, depth, nprobe=None, rerank=None, text_filter=None, where=None, projection=cols
             )
 
@@ -639,6 +692,11 @@ class Searcher:
         return pa.Table.from_arrays(
             arrays, schema=pa.schema(fields, metadata={"superfile.version": str(self.snap.version)})
         )
+
+
+def top_terms(counts: Mapping[str, int]) -> list[str]:
+    """The ``MAX_PREFIX_TERMS`` most frequent expansions of a prefix (ties: alphabetical)."""
+    return [t for t, _ in sorted(counts.items(), key=lambda tc: (-tc[1], tc[0]))[:MAX_PREFIX_TERMS]]
 
 
 def rrf_fuse(rankings: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +25,7 @@ from superfile.pools import query_pool, query_threads
 from superfile.schema import ID
 from superfile.table.index_filter import candidate_rows, text_pruner
 
-__all__ = ["INDEXED_FRACTION", "Snapshot", "TableFiles", "offsets_of"]
+__all__ = ["INDEXED_FRACTION", "Fanout", "Snapshot", "TableFiles", "offsets_of"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -55,6 +56,15 @@ def _read_columns(reader: SuperfileReader, names: list[str], rows: np.ndarray | 
     return table if ids is None else table.add_column(0, pa.field(ID, pa.uint64(), nullable=False), ids)
 
 
+class Fanout(Protocol):
+    """Where a query root sends the per-superfile work of a whole snapshot (``superfile.search.fleet``):
+    scans and counts here; searches through :meth:`superfile.table.search.Searcher.of`."""
+
+    def scan_parts(self, snap: Snapshot, columns: list[str], where: Predicate | None) -> list[pa.Table]: ...
+
+    def count(self, snap: Snapshot, where: Predicate) -> int: ...
+
+
 class TableFiles:
     """One table's storage, manifest store and open-superfile cache, shared by all its snapshots."""
 
@@ -66,8 +76,12 @@ class TableFiles:
         cache_dir: str | None = None,
         disk_cache: DiskCache | None = None,
         on_commit: Callable[[], None] | None = None,
+        fanout: Fanout | None = None,
+        name: str = "",
     ) -> None:
+        self.name = name  # the table's name in its catalog (what a leaf request names)
         self.storage = storage
+        self.fanout = fanout  # cache nodes that run the per-superfile work of reads (None: this process)
         self.on_commit = on_commit  # told after each version this process publishes (automatic maintenance)
         self.manifests = ManifestStore(storage)
         self.verify = verify
@@ -137,6 +151,24 @@ class Snapshot:
     files: TableFiles
     path: str
     manifest: ManifestList
+    only: frozenset[str] | None = None  # a leaf's share: the superfiles it searches (None: all)
+
+    def restricted(self, paths: Sequence[str]) -> Snapshot:
+        """The same version over only ``paths`` of its superfiles: what one leaf of a fan-out searches."""
+        return replace(self, only=frozenset(paths))
+
+    @property
+    def key(self) -> str:
+        """Names this view in caches of per-snapshot state: the manifest, and the share of a restricted one."""
+        if self.only is None:
+            return self.path
+        digest = hashlib.blake2b("\x00".join(sorted(self.only)).encode(), digest_size=8).hexdigest()
+        return f"{self.path}#{digest}"
+
+    @property
+    def fanout(self) -> Fanout | None:
+        """The cache nodes this snapshot's reads fan out to (None on a leaf's share, or without any)."""
+        return self.files.fanout if self.only is None else None
 
     def __post_init__(self) -> None:
         parts = self.manifest.parts
@@ -184,7 +216,9 @@ class Snapshot:
             out.extend(
                 e
                 for e in part_entries
-                if e.live_rows and (where is None or (where.might_match(e.stats) and (text is None or text(e))))
+                if e.live_rows
+                and (self.only is None or e.path in self.only)
+                and (where is None or (where.might_match(e.stats) and (text is None or text(e))))
             )
         return out
 
@@ -285,14 +319,20 @@ class Snapshot:
 
     def scan_parts(self, columns: Sequence[str], where: Predicate | None = None) -> list[pa.Table]:
         """Every live row matching ``where``: one table per superfile that has some, in ``_id`` order of
-        superfiles (rows of one file stay in order), read in parallel."""
+        superfiles (rows of one file stay in order), read in parallel (on the cache nodes, with a fan-out)."""
+        if self.fanout is not None:
+            return self.fanout.scan_parts(self, list(columns), where)
+        return [t for _, t in self.scan_named(columns, where)]
+
+    def scan_named(self, columns: Sequence[str], where: Predicate | None = None) -> list[tuple[str, pa.Table]]:
+        """:meth:`scan_parts` here, each table with the path of its superfile (a leaf's answer to a root)."""
         entries = sorted(self.entries(where), key=lambda e: (e.id_min, e.path))
         threads = len(entries) < query_threads()  # else one superfile per worker keeps every core busy
 
         def one(entry: SuperfileEntry) -> pa.Table:
             return self.read_matching(entry, columns, where, use_threads=threads)
 
-        return [t for t in self.map(one, entries) if t.num_rows]
+        return [(e.path, t) for e, t in zip(entries, self.map(one, entries), strict=True) if t.num_rows]
 
     def scan(self, columns: Sequence[str] | None = None, where: Predicate | None = None) -> pa.Table:
         """Every live row matching ``where``, in ``_id`` order of superfiles (rows of one file stay in order)."""
@@ -302,8 +342,10 @@ class Snapshot:
         return pa.concat_tables(tables).combine_chunks() if tables else target.empty_table()
 
     def count(self, where: Predicate | None = None) -> int:
-        if where is None:
+        if where is None and self.only is None:
             return self.manifest.rows
+        if where is not None and self.fanout is not None:
+            return self.fanout.count(self, where)
         return sum(self.map(lambda e: len(self.matching_offsets(e, where)), self.entries(where)))
 
     def ids(self, entry: SuperfileEntry, offsets: np.ndarray) -> np.ndarray:

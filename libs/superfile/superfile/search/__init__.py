@@ -1,0 +1,14 @@
+"""Distributed reads: a query root plans against a pinned manifest and fans out to cache nodes (leaves).
+
+- ``placement.py``: which node owns which superfile (rendezvous hashing).
+- ``leaf.py``: one leaf request and the engine code that answers it on a cache node.
+- ``fleet.py``: the root's view of the cache nodes: membership, health, calls with retries and hedging.
+- ``root.py``: the searcher that plans, fans out and merges.
+
+Embedded reads run the same ``Searcher`` in process; see docs/query.md.
+"""
+
+from superfile.search.fleet import Fleet
+from superfile.search.leaf import LeafRequest
+
+__all__ = ["Fleet", "LeafRequest"]

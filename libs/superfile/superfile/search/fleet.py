@@ -1,0 +1,321 @@
+"""The cache nodes a query root fans out to: membership, health, placement, and the leaf calls.
+
+Membership is a static list of node URLs or the DNS name of a headless
+service (every address it resolves to is a node), re-read and health-checked
+every ``check_s``. Superfiles are placed by rendezvous hashing over the healthy
+nodes (``placement.py``). A leaf call that gets no answer (refused, reset,
+timed out, a 5xx without a typed error) marks its node unhealthy and its
+superfiles go to their next node in rendezvous order; a call slower than the
+observed p95 is hedged to the next node and the first answer wins. Every call
+of one read shares one deadline. A typed error from a leaf (a bad argument, a
+missing superfile) is the read's answer: it is raised as such, not retried.
+See docs/query.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import pyarrow as pa
+import urllib3
+
+from superfile.errors import CacheNodeUnavailableError, InvalidOptionError, SuperfileMissingError
+from superfile.expressions import Predicate
+from superfile.remote.errors import error_from_response
+from superfile.remote.wire import ARROW_STREAM, from_ipc
+from superfile.search.leaf import PARTS, LeafRequest
+from superfile.search.placement import assign, rank
+from superfile.table.snapshot import Snapshot
+from superfile.telemetry import meter, seconds_histogram
+
+__all__ = ["Fleet", "Member"]
+
+log = logging.getLogger(__name__)
+
+_HEDGE_MIN_SAMPLES = 20  # leaf latencies seen before hedging starts (a p95 of fewer is noise)
+_HEDGE_FLOOR_S = 0.02  # never hedge a call sooner than this
+
+
+@dataclass
+class Member:
+    """One cache node as the root sees it."""
+
+    url: str
+    healthy: bool = True
+
+
+class _NoAnswer(Exception):
+    """A node did not answer (or answered a 5xx that names no engine error): try the next one."""
+
+
+class Fleet:
+    """Cache nodes by URL (``nodes``) or by a DNS name ``host:port`` (``dns``), with the shared ``token``
+    every request carries (``Authorization: Bearer``)."""
+
+    def __init__(
+        self,
+        nodes: Sequence[str] = (),
+        *,
+        dns: str | None = None,
+        token: str | None = None,
+        deadline_s: float = 30.0,
+        check_s: float = 1.0,
+        hedge: bool = True,
+    ) -> None:
+        if not nodes and not dns:
+            raise InvalidOptionError("a fleet needs cache node URLs or the DNS name of their service")
+        if dns is not None and not urlsplit(f"//{dns}").port:
+            raise InvalidOptionError(f"the cache nodes' DNS name must be host:port, got {dns!r}")
+        self._static = [n.rstrip("/") for n in nodes]
+        self._dns = dns
+        self.deadline_s = deadline_s
+        self.check_s = check_s
+        self.hedge = hedge
+        headers = {"accept": f"{ARROW_STREAM}, application/json", "content-type": "application/json"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        self._http = urllib3.PoolManager(num_pools=64, maxsize=16, headers=headers, retries=False)
+        self._members: dict[str, Member] = {}
+        self._lock = threading.Lock()
+        self.generation = 0  # changes whenever a node joins, leaves, fails or recovers (placement moves)
+        self._latencies: deque[float] = deque(maxlen=512)
+        self._calls = ThreadPoolExecutor(32, thread_name_prefix="superfile-fanout")
+        self._hedges = ThreadPoolExecutor(16, thread_name_prefix="superfile-hedge")
+        m = meter("superfile.query")
+        self._leaf_seconds = seconds_histogram(m, "superfile.query.leaf.duration", "Leaf request latency by op")
+        self._width = m.create_histogram(
+            "superfile.query.fanout.width", description="Cache nodes one read fanned out to"
+        )
+        self._retries = m.create_counter("superfile.query.leaf.retries", description="Leaf calls sent to the next node")
+        self._hedged = m.create_counter("superfile.query.leaf.hedges", description="Leaf calls hedged after the p95")
+        self._failures = m.create_counter("superfile.query.leaf.failures", description="Leaf calls without an answer")
+        self._stop = threading.Event()
+        self.refresh()
+        self._checker = threading.Thread(target=self._check_loop, name="superfile-fleet-health", daemon=True)
+        self._checker.start()
+
+    # -- membership -------------------------------------------------------------------------
+    def _resolve(self) -> list[str]:
+        if self._dns is None:
+            return self._static
+        host, _, port = self._dns.rpartition(":")
+        try:
+            infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except OSError as e:
+            log.warning("cache nodes' name %s does not resolve: %s", self._dns, e)
+            return []
+        addresses = sorted({str(info[4][0]) for info in infos})
+        return [f"http://[{a}]:{port}" if ":" in a else f"http://{a}:{port}" for a in addresses]
+
+    def _healthy(self, url: str) -> bool:
+        try:
+            return self._http.request("GET", f"{url}/healthz", timeout=1.0).status == 200
+        except urllib3.exceptions.HTTPError:
+            return False
+
+    def refresh(self) -> None:
+        """Re-read the member list and health-check every member (the health thread does this each ``check_s``)."""
+        urls = self._resolve()
+        health = dict(zip(urls, self._hedges.map(self._healthy, urls), strict=True)) if urls else {}
+        with self._lock:
+            before = {u: m.healthy for u, m in self._members.items()}
+            self._members = {u: Member(u, ok) for u, ok in health.items()}
+            if before != health:
+                self.generation += 1
+
+    def _check_loop(self) -> None:
+        while not self._stop.wait(self.check_s):
+            try:
+                self.refresh()
+            except Exception:  # the loop must outlive any one bad check
+                log.exception("cache node health check failed")
+
+    def members(self) -> list[Member]:
+        with self._lock:
+            return [Member(m.url, m.healthy) for m in self._members.values()]
+
+    def _live(self) -> list[str]:
+        members = self.members()
+        healthy = [m.url for m in members if m.healthy]
+        return healthy or [m.url for m in members]  # all marked down: try them anyway rather than fail at once
+
+    def _down(self, url: str) -> None:
+        with self._lock:
+            member = self._members.get(url)
+            if member is not None and member.healthy:
+                member.healthy = False
+                self.generation += 1
+
+    def placement(self, paths: Sequence[str]) -> dict[str, list[str]]:
+        """Which live node owns each of ``paths`` now."""
+        return assign(paths, self._live())
+
+    # -- calls ------------------------------------------------------------------------------
+    def _ask(self, url: str, request: LeafRequest, deadline: float) -> pa.Table | dict[str, Any]:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _NoAnswer(f"{url}: the deadline passed")
+        start = time.perf_counter()
+        try:
+            response = self._http.request(
+                "POST", f"{url}/v1/leaf", body=json.dumps(request.to_json()).encode(), timeout=left
+            )
+        except urllib3.exceptions.HTTPError as e:
+            self._failures.add(1)
+            raise _NoAnswer(f"{url}: {e}") from None
+        took = time.perf_counter() - start
+        self._leaf_seconds.record(took, {"op": request.op})
+        if response.status == 200:
+            self._latencies.append(took)
+            if response.headers.get("content-type", "").startswith(ARROW_STREAM):
+                return from_ipc(response.data)
+            answer: dict[str, Any] = json.loads(response.data)
+            return answer
+        error = error_from_response(response.status, response.data)
+        if response.status >= 500 and not isinstance(error, SuperfileMissingError):
+            self._failures.add(1)
+            raise _NoAnswer(f"{url}: {error}") from error
+        raise error
+
+    def _p95(self) -> float | None:
+        if not self.hedge or len(self._latencies) < _HEDGE_MIN_SAMPLES:
+            return None
+        return max(_HEDGE_FLOOR_S, float(np.quantile(np.fromiter(self._latencies, float), 0.95)))
+
+    def _first(self, url: str, backup: str | None, request: LeafRequest, deadline: float) -> Any:
+        """``url``'s answer, or ``backup``'s if ``url`` is still silent after the p95 and that one answers first."""
+        p95 = self._p95() if backup is not None else None
+        if p95 is None:
+            return self._ask(url, request, deadline)
+        primary = self._hedges.submit(self._ask, url, request, deadline)
+        done, _ = wait([primary], timeout=p95)
+        if done:
+            return primary.result()
+        assert backup is not None
+        self._hedged.add(1)
+        pending: set[Future[Any]] = {primary, self._hedges.submit(self._ask, backup, request, deadline)}
+        failure: BaseException | None = None
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                error = f.exception()
+                if error is None:
+                    return f.result()
+                failure = error
+                if not isinstance(error, _NoAnswer):
+                    raise error
+        assert failure is not None
+        raise failure
+
+    def _share(
+        self,
+        snap: Snapshot,
+        url: str,
+        paths: list[str],
+        op: str,
+        args: dict[str, Any],
+        tried: frozenset[str],
+        deadline: float,
+    ) -> list[Any]:
+        """The answers for ``paths`` from ``url``, or (when it gives none) from the next nodes in their order."""
+        request = LeafRequest(snap.files.name, snap.path, tuple(paths), op, args)
+        others = [u for u in self._live() if u not in tried]
+        backup = rank(paths[0], others)[0] if others else None
+        try:
+            return [self._first(url, backup, request, deadline)]
+        except _NoAnswer as e:
+            self._down(url)
+            rest = [u for u in self._live() if u not in tried | {url}]
+            if not rest or time.monotonic() >= deadline:
+                raise CacheNodeUnavailableError(
+                    f"no cache node answered for {len(paths)} superfiles of {snap.files.name!r} (last: {e})"
+                ) from None
+            self._retries.add(1)
+            log.warning("cache node %s gave no answer (%s); its share goes to the next nodes", url, e)
+            out: list[Any] = []
+            for node, share in assign(paths, rest).items():
+                if share:
+                    out += self._share(snap, node, share, op, args, tried | {url}, deadline)
+            return out
+
+    def run(self, snap: Snapshot, paths: Sequence[str], op: str, args: dict[str, Any]) -> list[Any]:
+        """``op`` over ``paths`` of ``snap``: one leaf call per owning node, concurrently; their answers."""
+        if not paths:
+            return []
+        deadline = time.monotonic() + self.deadline_s
+        groups = [(url, share) for url, share in self.placement(paths).items() if share]
+        if not groups:
+            raise CacheNodeUnavailableError("the query service knows no cache node")
+        self._width.record(len(groups))
+        one: Callable[[tuple[str, list[str]]], list[Any]] = lambda g: self._share(  # noqa: E731
+            snap, g[0], g[1], op, args, frozenset({g[0]}), deadline
+        )
+        if len(groups) == 1:
+            return one(groups[0])
+        return [answer for answers in self._calls.map(one, groups) for answer in answers]
+
+    # -- Fanout: scans and counts for SQL and to_arrow --------------------------------------
+    def scan_parts(self, snap: Snapshot, columns: list[str], where: Predicate | None) -> list[pa.Table]:
+        """Every matching live row, one table per superfile in the order an embedded scan returns them."""
+        entries = sorted(snap.entries(where), key=lambda e: (e.id_min, e.path))
+        args = {"columns": columns, "where": None if where is None else str(where)}
+        pieces: dict[str, pa.Table] = {}
+        for table in self.run(snap, [e.path for e in entries], "scan", args):
+            offset = 0
+            for path, rows in json.loads((table.schema.metadata or {})[PARTS.encode()]):
+                pieces[path] = table.slice(offset, rows).replace_schema_metadata(None)
+                offset += rows
+        return [pieces[e.path] for e in entries if e.path in pieces]
+
+    def count(self, snap: Snapshot, where: Predicate) -> int:
+        answers = self.run(snap, [e.path for e in snap.entries(where)], "count", {"where": str(where)})
+        return sum(int(a["count"]) for a in answers)
+
+    # -- the cluster's view -----------------------------------------------------------------
+    def warm(self, snap: Snapshot) -> int:
+        """Ask each live node to fetch the superfiles of ``snap`` it owns (warm on commit); how many were sent."""
+        sizes = {e.path: e.size for e in snap.entries()}
+        sent = 0
+        for url, share in self.placement(list(sizes)).items():
+            if not share:
+                continue
+            body = {"table": snap.files.name, "superfiles": [[p, sizes[p]] for p in share]}
+            try:
+                self._http.request("POST", f"{url}/v1/prefetch", body=json.dumps(body).encode(), timeout=5.0)
+                sent += len(share)
+            except urllib3.exceptions.HTTPError as e:
+                log.warning("prefetch on %s failed: %s", url, e)
+        return sent
+
+    def node_stats(self) -> dict[str, dict[str, Any]]:
+        """Each member's own account of its cache (``GET /v1/stats``); empty for a node that does not answer."""
+
+        def one(url: str) -> dict[str, Any]:
+            try:
+                response = self._http.request("GET", f"{url}/v1/stats", timeout=2.0)
+                return dict(json.loads(response.data)) if response.status == 200 else {}
+            except (urllib3.exceptions.HTTPError, ValueError):
+                return {}
+
+        urls = [m.url for m in self.members()]
+        return dict(zip(urls, self._hedges.map(one, urls), strict=True))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._calls.shutdown(wait=False, cancel_futures=True)
+        self._hedges.shutdown(wait=False, cancel_futures=True)
+        self._http.clear()
+
+    def __repr__(self) -> str:
+        return f"Fleet({self._dns or self._static!r})"

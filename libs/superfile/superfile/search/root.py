@@ -1,0 +1,160 @@
+"""The query root: plan on the pinned manifest, fan the per-superfile work out to cache nodes, merge.
+
+A :class:`RootSearcher` is the :class:`~superfile.table.search.Searcher` of a
+snapshot whose connection has a fleet (``Searcher.of`` picks it). It keeps the
+searcher's planning (argument checks, pruning by the manifest's summaries),
+asks the leaves for what is table-wide (BM25 document frequencies and deleted
+lengths, prefix expansions), sends each leaf its share with those statistics,
+and merges the leaves' ranked rows the way one process merges superfiles:
+by score, ties by ``_id``. The leaves run the same ``Searcher`` over their
+share (``leaf.py``), so a search ranks as it does embedded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from superfile.errors import QueryLimitError
+from superfile.schema import ID, SCORE
+from superfile.search.fleet import Fleet
+from superfile.table.search import Searcher
+from superfile.table.snapshot import Snapshot
+
+__all__ = ["RootSearcher"]
+
+_ORDER: dict[str, list[tuple[str, Literal["ascending", "descending"]]]] = {
+    "best": [(SCORE, "descending"), (ID, "ascending")],  # BM25: higher is better
+    "nearest": [(SCORE, "ascending"), (ID, "ascending")],  # vectors: score is a distance
+    "id": [(ID, "ascending")],  # unranked matches
+}
+
+
+class RootSearcher(Searcher):
+    """Every search kind of one call, planned here and run on the cache nodes."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        super().__init__(snapshot)
+        fleet = snapshot.fanout
+        assert isinstance(fleet, Fleet), "a root searcher needs a snapshot with a fleet"
+        self.fleet = fleet
+
+    def _fan(self, paths: Sequence[str], op: str, args: dict[str, Any]) -> list[Any]:
+        return self.fleet.run(self.snap, list(paths), op, args)
+
+    def _merge(
+        self, answers: list[pa.Table], k: int | None, order: str, projection: Sequence[str] | None, searched: int
+    ) -> pa.Table:
+        """The leaves' rows as one result, ranked and cut to ``k``, with the result metadata of an embedded one."""
+        empty = self._result([], k, True, projection)  # the result's schema and metadata, no rows
+        tables = [empty.replace_schema_metadata(None)] + [t.replace_schema_metadata(None) for t in answers]
+        merged = pa.concat_tables(tables).sort_by(_ORDER[order])
+        if k is not None:
+            merged = merged.slice(0, k)
+        meta = dict(empty.schema.metadata or {})
+        total = self.snap.manifest.superfile_count
+        meta.update(
+            {b"superfile.pruned": str(total - searched).encode(), b"superfile.searched": str(searched).encode()}
+        )
+        return merged.combine_chunks().replace_schema_metadata(meta)
+
+    @staticmethod
+    def _searched(answers: list[pa.Table]) -> int:
+        return sum(int((t.schema.metadata or {}).get(b"superfile.searched", b"0")) for t in answers)
+
+    # -- full-text ------------------------------------------------------------------
+    def bm25(self, column: str, terms: list[str], k: int, mode: str, projection: Sequence[str] | None) -> pa.Table:
+        terms = list(dict.fromkeys(terms))
+        candidates = self._term_candidates(column, terms, mode) if terms else []
+        if not terms:
+            return self._result([], k, True, projection)
+        # statistics: df over every superfile that may hold a term, deleted lengths over every one with deletes
+        holders = {e.path for e in self._term_candidates(column, terms, "any")}
+        holders |= {e.path for e in self.snap.entries() if e.deletes is not None}
+        shares = self._fan(sorted(holders), "bm25_stats", {"column": column, "terms": terms})
+        df = [sum(int(s["df"][i]) for s in shares) for i in range(len(terms))]
+        corpus = self.corpus_of(column, terms, df, sum(int(s["deleted_tokens"]) for s in shares))
+        if mode == "all" and min(df, default=0) == 0:
+            candidates = []
+        args = {
+            "column": column,
+            "terms": terms,
+            "k": k,
+            "mode": mode,
+            "projection": self._projection(projection),
+            "num_docs": corpus.num_docs,
+            "total_tokens": corpus.total_tokens,
+            "df": df,
+        }
+        answers = self._fan([e.path for e in candidates], "bm25", args)
+        return self._merge(answers, k, "best", projection, self._searched(answers))
+
+    def prefix_terms(self, column: str, p: str) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        paths = [e.path for e in self._prefix_entries(column, p)]
+        for answer in self._fan(paths, "prefix_terms", {"column": column, "term": p}):
+            for term, n in answer["terms"].items():
+                counts[term] = counts.get(term, 0) + int(n)
+        return counts
+
+    def token_match(
+        self,
+        column: str,
+        tokens: str | Sequence[str],
+        mode: str,
+        projection: Sequence[str] | None,
+        max_rows: int | None = None,
+    ) -> pa.Table:
+        terms, mode, candidates = self._token_plan(column, tokens, mode)
+        args = {"column": column, "tokens": terms, "mode": mode, "projection": self._projection(projection)}
+        return self._unranked_merge(candidates, "token_match", {**args, "max_rows": max_rows}, projection, max_rows)
+
+    def exact_match(
+        self, column: str, value: str, projection: Sequence[str] | None, max_rows: int | None = None
+    ) -> pa.Table:
+        candidates = self._exact_plan(column, value)
+        args = {"column": column, "value": value, "projection": self._projection(projection), "max_rows": max_rows}
+        return self._unranked_merge(candidates, "exact_match", args, projection, max_rows)
+
+    def _unranked_merge(
+        self,
+        candidates: Sequence[Any],
+        op: str,
+        args: dict[str, Any],
+        projection: Sequence[str] | None,
+        max_rows: int | None,
+    ) -> pa.Table:
+        answers = self._fan([e.path for e in candidates], op, args)
+        found = sum(t.num_rows for t in answers)
+        if max_rows is not None and found > max_rows:
+            raise QueryLimitError(f"{found} rows match, more than the limit of {max_rows}: narrow the match")
+        return self._merge(answers, None, "id", projection, self._searched(answers))
+
+    # -- vectors ----------------------------------------------------------------------
+    def vector_search(
+        self,
+        column: str,
+        vector: Any,
+        k: int,
+        *,
+        nprobe: int | None,
+        rerank: int | None,
+        text_filter: Mapping[str, Any] | None,
+        where: str | None,
+        projection: Sequence[str] | None,
+    ) -> pa.Table:
+        k, q, _, _, entries = self._vector_plan(column, vector, k, text_filter, where)
+        args = {
+            "column": column,
+            "vector": q.tolist(),
+            "k": k,
+            "nprobe": nprobe,
+            "rerank": rerank,
+            "filter": None if text_filter is None else dict(text_filter),
+            "where": where,
+            "projection": self._projection(projection),
+        }
+        answers = self._fan([e.path for e in entries], "vector", args)
+        return self._merge(answers, k, "nearest", projection, self._searched(answers))

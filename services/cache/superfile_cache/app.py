@@ -1,0 +1,241 @@
+"""The cache node's HTTP API: leaf requests, warming, its own statistics, health and metrics.
+
+A query root sends ``POST /v1/leaf`` with a :class:`superfile.search.LeafRequest`
+(a table, the manifest it pinned, this node's share of the superfiles and the
+work); the node runs it on its embedded connection, whose disk cache holds the
+superfiles it owns, and answers Arrow IPC (tables) or JSON (statistics).
+``POST /v1/prefetch`` names superfiles to copy into the cache in the background
+(warm on commit). Every ``/v1`` route needs ``Authorization: Bearer <internal token>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from opentelemetry.metrics import CallbackOptions, Observation
+from starlette.concurrency import run_in_threadpool
+from superfile import Connection
+from superfile.errors import InvalidInputError, SuperfileError
+from superfile.remote.wire import ARROW_STREAM, to_ipc
+from superfile.search import LeafRequest
+from superfile.search.leaf import run
+from superfile.telemetry import CONTENT_TYPE, meter, render, seconds_histogram
+
+__all__ = ["CacheNode", "NodeSettings", "create_app"]
+
+log = logging.getLogger(__name__)
+
+_MAX_BODY = 16 << 20  # a leaf request names superfiles and a query vector: far below this
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What one cache node is configured with (``superfile-cache serve``'s flags)."""
+
+    uri: str
+    cache_dir: str
+    token: str
+    disk_budget_bytes: int = 64 << 30
+    memory_budget_bytes: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 8100
+
+
+class CacheNode:
+    """The state behind the routes: the embedded connection (its disk cache) and the warming queue."""
+
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
+        self.db = Connection(
+            settings.uri,
+            cache_dir=settings.cache_dir,
+            cache_budget_bytes=settings.disk_budget_bytes,
+            cache_memory_bytes=settings.memory_budget_bytes,
+        )
+        self._token = settings.token.encode()
+        self._warming = ThreadPoolExecutor(2, thread_name_prefix="superfile-warm")
+        self._queued: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        self.served = 0
+        self.started = time.time()
+        self._recent: deque[float] = deque(maxlen=256)
+        m = meter("superfile.cache")
+        self.leaf_seconds = seconds_histogram(m, "superfile.cache.leaf.duration", "Leaf request latency by op")
+        self.errors = m.create_counter("superfile.cache.errors", description="Leaf errors by type")
+        m.create_observable_gauge("superfile.cache.bytes", [self._observe(lambda s: s["cache_bytes"])], unit="By")
+        m.create_observable_gauge("superfile.cache.superfiles", [self._observe(lambda s: s["superfiles"])])
+        m.create_observable_counter("superfile.cache.downloads", [self._observe(lambda s: s["downloads"])])
+        m.create_observable_counter("superfile.cache.hits", [self._observe(lambda s: s["hits"])])
+        m.create_observable_counter(
+            "superfile.cache.downloaded", [self._observe(lambda s: s["downloaded_bytes"])], unit="By"
+        )
+        self.downloaded_bytes = 0
+
+    def _observe(self, pick: Any) -> Any:
+        def observe(_options: CallbackOptions) -> list[Observation]:
+            return [Observation(pick(self.stats()))]
+
+        return observe
+
+    def authorize(self, request: Request) -> None:
+        scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._token):
+            raise _Unauthorized()
+
+    def leaf(self, body: bytes) -> pa.Table | dict[str, Any]:
+        try:
+            parsed = json.loads(body)
+        except (ValueError, RecursionError):
+            raise InvalidInputError("a leaf request is a JSON object") from None
+        request = LeafRequest.from_json(parsed)
+        start = time.perf_counter()
+        try:
+            return run(self.db.snapshot(request.table, request.manifest), request)
+        finally:
+            self.leaf_seconds.record(time.perf_counter() - start, {"op": request.op})
+            self.served += 1
+
+    def prefetch(self, body: bytes) -> int:
+        """Queue the superfiles not already queued; they download in the background, two at a time."""
+        try:
+            parsed = json.loads(body)
+            table = parsed["table"]
+            wanted = [(str(p), int(n)) for p, n in parsed["superfiles"]]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise InvalidInputError('prefetch takes {"table": name, "superfiles": [[path, size], ...]}') from None
+        if not isinstance(table, str):
+            raise InvalidInputError("prefetch: table must be a name")
+        with self._lock:
+            fresh = [(p, n) for p, n in wanted if (table, p) not in self._queued]
+            self._queued.update((table, p) for p, _ in fresh)
+        if fresh:
+            self._warming.submit(self._warm, table, fresh)
+        return len(fresh)
+
+    def _warm(self, table: str, superfiles: list[tuple[str, int]]) -> None:
+        try:
+            for path, size in superfiles:
+                if self.db.warm(table, [(path, size)]):
+                    self.downloaded_bytes += size
+        except SuperfileError as e:
+            log.warning("warming %d superfiles of %s failed: %s", len(superfiles), table, e)
+        finally:
+            with self._lock:
+                self._queued.difference_update((table, p) for p, _ in superfiles)
+
+    def stats(self) -> dict[str, Any]:
+        cache = self.db.disk_cache
+        copies, used = cache.usage() if cache is not None else (0, 0)
+        hits, downloads = (cache.hits, cache.fetches) if cache is not None else (0, 0)
+        return {
+            "superfiles": copies,
+            "cache_bytes": used,
+            "cache_budget_bytes": cache.budget_bytes if cache is not None else 0,
+            "downloads": downloads,
+            "downloaded_bytes": self.downloaded_bytes,
+            "hits": hits,
+            "hit_ratio": hits / (hits + downloads) if hits + downloads else 1.0,
+            "leaf_requests": self.served,
+        }
+
+    def ready(self) -> tuple[bool, str]:
+        try:
+            self.db.table_names()
+        except SuperfileError as e:
+            return False, f"storage: {e}"
+        return True, "ready"
+
+    def close(self) -> None:
+        self._warming.shutdown(wait=False, cancel_futures=True)
+        self.db.close()
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+def _error(status: int, type_name: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"type": type_name, "message": message}}, status_code=status)
+
+
+def create_app(settings: NodeSettings) -> FastAPI:
+    node = CacheNode(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        node.close()
+
+    app = FastAPI(
+        title="Supertable cache node",
+        version="0.1.0",
+        lifespan=lifespan,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
+    app.state.node = node
+
+    @app.exception_handler(_Unauthorized)
+    async def unauthorized(request: Request, exc: _Unauthorized) -> JSONResponse:
+        return _error(401, "AuthenticationError", "this cache node needs Authorization: Bearer <internal token>")
+
+    @app.exception_handler(SuperfileError)
+    async def superfile_error(request: Request, exc: SuperfileError) -> JSONResponse:
+        node.errors.add(1, {"type": type(exc).__name__})
+        return _error(exc.http_status, type(exc).__name__, str(exc))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        node.errors.add(1, {"type": "InternalError"})
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _error(500, "InternalError", "internal error; see the cache node's log")
+
+    async def body_of(request: Request) -> bytes:
+        node.authorize(request)
+        body = await request.body()
+        if len(body) > _MAX_BODY:
+            raise InvalidInputError(f"a leaf request body is at most {_MAX_BODY} bytes")
+        return body
+
+    @app.post("/v1/leaf")
+    async def leaf(request: Request) -> Response:
+        answer = await run_in_threadpool(node.leaf, await body_of(request))
+        if isinstance(answer, pa.Table):
+            return Response(await run_in_threadpool(to_ipc, answer), media_type=ARROW_STREAM)
+        return JSONResponse(answer)
+
+    @app.post("/v1/prefetch")
+    async def prefetch(request: Request) -> dict[str, int]:
+        return {"queued": node.prefetch(await body_of(request))}
+
+    @app.get("/v1/stats")
+    async def stats(request: Request) -> dict[str, Any]:
+        node.authorize(request)
+        return await run_in_threadpool(node.stats)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        ok, detail = await run_in_threadpool(node.ready)
+        return JSONResponse({"status": detail}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(render(), media_type=CONTENT_TYPE)
+
+    return app

@@ -1,0 +1,53 @@
+"""``superfile-query serve``: run a query root over cache nodes (docs/query.md)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+import uvicorn
+from superfile_gateway.settings import ConfigError
+
+from superfile_query.app import create_app, query_settings
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="superfile-query", description="a Supertable query root over cache nodes")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve the read API, fanning out to cache nodes")
+    s.add_argument("--uri", required=True, help="the storage root of the tables (s3://bucket/prefix, file:///dir)")
+    s.add_argument("--port", type=int, required=True, help="listen port")
+    s.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1; 0.0.0.0 in a pod)")
+    nodes = s.add_mutually_exclusive_group(required=True)
+    nodes.add_argument("--cache-nodes", help="cache node URLs, comma-separated (http://host:port,...)")
+    nodes.add_argument("--cache-dns", help="host:port of the cache nodes' headless Service (each address a node)")
+    args = p.parse_args(argv)
+    token = os.environ.get("SUPERFILE_INTERNAL_TOKEN", "")
+    if not token:
+        print("error: set SUPERFILE_INTERNAL_TOKEN, the secret gateways and cache nodes share", file=sys.stderr)
+        return 2
+    urls = [u.strip() for u in (args.cache_nodes or "").split(",") if u.strip()]
+    try:
+        settings = query_settings(
+            args.uri, token, cache_nodes=urls, cache_dns=args.cache_dns, host=args.host, port=args.port
+        )
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        timeout_graceful_shutdown=math.ceil(settings.drain_s),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
