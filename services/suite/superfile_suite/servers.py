@@ -1,4 +1,5 @@
-"""Start the real third-party servers on 127.0.0.1: tansu (Kafka protocol), moto (S3), Redis.
+"""Start the real servers on 127.0.0.1: tansu (Kafka protocol), moto (S3), Redis, and the read path's own
+cache nodes and query roots (as the console scripts a deployment runs).
 
 Each starter picks a free port, waits until the server answers (bounded), and
 retries on a fresh port if the process dies early (the port got taken).
@@ -20,7 +21,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Server", "free_port", "start_moto", "start_redis", "start_tansu"]
+__all__ = ["Server", "free_port", "start_cache_node", "start_moto", "start_query", "start_redis", "start_tansu"]
 
 _START_TIMEOUT = 20.0
 
@@ -193,6 +194,56 @@ def start_redis(log_path: str | None = None, port: int | None = None, data_dir: 
         lambda port: [binary, "--port", str(port), "--bind", "127.0.0.1", *persistence, "--daemonize", "no"],
         lambda port: f"redis://127.0.0.1:{port}/0",
         ready,
+        log_path=log_path,
+        port=port,
+    )
+
+
+def start_cache_node(
+    uri: str,
+    cache_dir: str,
+    token: str,
+    *,
+    env: dict[str, str] | None = None,
+    log_path: str | None = None,
+    port: int | None = None,
+    disk_budget_bytes: int | None = None,
+    memory_budget_bytes: int | None = None,
+) -> Server:
+    """``superfile-cache serve`` for the tables below ``uri``; ``url`` is ``http://127.0.0.1:PORT``.
+    ``env`` carries the storage client's settings (``AWS_*``) besides the internal token."""
+    binary = _binary_beside_python("superfile-cache", "pip install -e services/cache")
+    budgets = [f"--disk-budget-bytes={disk_budget_bytes}"] if disk_budget_bytes else []
+    budgets += [f"--memory-budget-bytes={memory_budget_bytes}"] if memory_budget_bytes else []
+    return _start(
+        "cache",
+        lambda port: [binary, "serve", f"--uri={uri}", f"--port={port}", f"--cache-dir={cache_dir}", *budgets],
+        lambda port: f"http://127.0.0.1:{port}",
+        lambda port: _http_answers(f"http://127.0.0.1:{port}/healthz"),
+        env={**(env or {}), "SUPERFILE_INTERNAL_TOKEN": token},
+        log_path=log_path,
+        port=port,
+    )
+
+
+def start_query(
+    uri: str,
+    cache_nodes: list[str],
+    token: str,
+    *,
+    env: dict[str, str] | None = None,
+    log_path: str | None = None,
+    port: int | None = None,
+) -> Server:
+    """``superfile-query serve`` over ``cache_nodes`` (URLs); ``url`` is ``http://127.0.0.1:PORT``."""
+    binary = _binary_beside_python("superfile-query", "pip install -e services/query")
+    nodes = ",".join(cache_nodes)
+    return _start(
+        "query",
+        lambda port: [binary, "serve", f"--uri={uri}", f"--port={port}", f"--cache-nodes={nodes}"],
+        lambda port: f"http://127.0.0.1:{port}",
+        lambda port: _http_answers(f"http://127.0.0.1:{port}/healthz"),
+        env={**(env or {}), "SUPERFILE_INTERNAL_TOKEN": token},
         log_path=log_path,
         port=port,
     )
