@@ -27,11 +27,9 @@ PROJECT_COMPONENTS = ("gateway", "query", "cache", "builder", "ingest")
 DEV_COMPONENTS = ("redis", "kafka", "s3", "s3-init")
 COMPONENT_LABEL = "app.kubernetes.io/component"
 
-# What issue 16 (services/query, services/cache) will add: the chart is written against its contract, and the
-# checks that need the code skip, naming the issue, only while that code does not exist.
-ISSUE16 = "issue 16 (services/query, services/cache) has not landed yet"
-ISSUE16_SCRIPTS = {"superfile-query", "superfile-cache"}
-ISSUE16_GATEWAY_ENV = {"SUPERFILE_QUERY_URL", "SUPERFILE_INTERNAL_TOKEN"}
+# The scale-out read path (docs/query.md): its two programs, and what points the gateway at it.
+READ_PATH_PROGRAMS = {"superfile-query serve", "superfile-cache serve"}
+READ_PATH_GATEWAY_ENV = {"SUPERFILE_QUERY_URL", "SUPERFILE_INTERNAL_TOKEN"}
 
 # Value sets the tests render: the three profiles, and the switches the profiles leave off.
 INGEST = ["ingest.enabled=true", "ingest.source.claimName=ingest-input"]
@@ -424,10 +422,6 @@ def reads_env(component: str, name: str) -> bool:
     return re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", _source_text(component)) is not None
 
 
-def service_exists(component: str) -> bool:
-    return (ROOT / "services" / component / "pyproject.toml").exists()
-
-
 # --- Dockerfiles ---------------------------------------------------------------------------------------------------
 
 
@@ -490,7 +484,7 @@ def compose_binary() -> str:
 
 @functools.cache
 def compose_config() -> dict[str, Any]:
-    env = {**os.environ, "SUPERFILE_API_KEYS": "k:*:rw"}
+    env = {**os.environ, "SUPERFILE_API_KEYS": "k:*:rw", "SUPERFILE_INTERNAL_TOKEN": "t"}
     cmd = [compose_binary(), "-f", str(ROOT / "compose.yaml"), "--profile", "ingest", "config", "--format", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, check=False)
     assert out.returncode == 0, out.stderr

@@ -17,11 +17,10 @@ from chart_support import (
     CHART,
     COMPONENT_LABEL,
     DEV_COMPONENTS,
-    ISSUE16,
-    ISSUE16_GATEWAY_ENV,
-    ISSUE16_SCRIPTS,
     K8S_VERSIONS,
     PROJECT_COMPONENTS,
+    READ_PATH_GATEWAY_ENV,
+    READ_PATH_PROGRAMS,
     RENDERS,
     ROOT,
     Pod,
@@ -41,7 +40,6 @@ from chart_support import (
     reads_env,
     render,
     run_helm,
-    service_exists,
     split_program,
     template_args,
     validation_errors,
@@ -255,12 +253,21 @@ def test_long_running_tiers_spread_over_zones_and_nodes(name: str) -> None:
 
 
 def test_probes_use_endpoints_the_services_serve() -> None:
-    """/healthz and /readyz where the service has them (the gateway's routes), /metrics on the builder and the
-    ingest job, which serve nothing else (superfile.telemetry.serve)."""
-    app = (ROOT / "services/gateway/superfile_gateway/app.py").read_text()
+    """/healthz and /readyz where the service has them (the gateway's routes, which the query service serves too,
+    and the cache node's), /metrics on the builder and the ingest job, which serve nothing else
+    (superfile.telemetry.serve)."""
+
+    def routes(path: str) -> set[str]:
+        app = (ROOT / path).read_text()
+        return {p for p in ("/healthz", "/readyz") if f'@app.get("{p}"' in app}
+
+    query = (ROOT / "services/query/superfile_query/app.py").read_text()
+    assert "create_app as create_gateway_app" in query, "the query service is the gateway's app: its routes"
     telemetry = (ROOT / "libs/superfile/superfile/telemetry.py").read_text()
     served = {
-        "gateway": {p for p in ("/healthz", "/readyz") if f'@app.get("{p}"' in app},
+        "gateway": routes("services/gateway/superfile_gateway/app.py"),
+        "query": routes("services/gateway/superfile_gateway/app.py"),
+        "cache": routes("services/cache/superfile_cache/app.py"),
         "builder": {"/metrics"} if '!= "/metrics"' in telemetry else set(),
         "ingest": {"/metrics"} if '!= "/metrics"' in telemetry else set(),
     }
@@ -268,13 +275,24 @@ def test_probes_use_endpoints_the_services_serve() -> None:
         for pod in _project_pods(name):
             c = pod.containers[0]
             paths = {c[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe", "readinessProbe")}
-            if pod.component in served:
-                assert paths <= served[pod.component], (name, pod.component, paths)
-            else:  # query and cache: the contract of issue 16
-                assert paths == {"/healthz", "/readyz"}
-    gateway = _container("default", "gateway")
-    assert gateway["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            assert paths <= served[pod.component], (name, pod.component, paths)
+    for comp in ("gateway", "query", "cache"):
+        c = _container("default", comp)
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", comp
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz", comp
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_servers_listen_beyond_the_pods_loopback(name: str) -> None:
+    """The gateway, query and cache processes listen on 127.0.0.1 unless told otherwise: the chart tells them
+    (probes and the other tiers reach them on the pod's address)."""
+    docs = render(name)
+    for pod in _project_pods(name):
+        c = pod.containers[0]
+        if pod.component == "gateway":
+            assert _env_value(c, docs, "SUPERFILE_HOST") == "0.0.0.0"
+        elif pod.component in ("query", "cache"):
+            assert "--host=0.0.0.0" in c["args"], pod.component
 
 
 # --- commands: console scripts the project defines, flags their --help accepts --------------------------------------
@@ -308,8 +326,6 @@ PROGRAMS = _programs()
 @pytest.mark.parametrize("program", sorted(PROGRAMS, key=lambda p: p.label), ids=lambda p: p.label)
 def test_every_command_is_a_project_program_and_every_flag_is_accepted(program: Program) -> None:
     head = program.argv[0]
-    if head in ISSUE16_SCRIPTS and head not in console_scripts():
-        pytest.skip(f"{head} is not defined yet: {ISSUE16}; the chart follows its contract")
     if head in ("python", "python3"):
         # python -m on a module of the project's own packages (the gateway and the ingest job have no console
         # script: their pyproject.toml defines none)
@@ -320,13 +336,9 @@ def test_every_command_is_a_project_program_and_every_flag_is_accepted(program: 
     assert not unknown, f"{program.label} --help does not accept {sorted(unknown)}"
 
 
-def test_the_issue16_programs_are_the_only_pending_ones() -> None:
-    pending = {p.argv[0] for p in PROGRAMS if p.argv[0] not in console_scripts() and p.argv[0] != "python"}
-    assert pending <= ISSUE16_SCRIPTS
-    assert {p.label for p in PROGRAMS if p.argv[0] in ISSUE16_SCRIPTS} == {
-        "superfile-query serve",
-        "superfile-cache serve",
-    }
+def test_the_read_path_tiers_run_their_console_scripts() -> None:
+    assert {p.label for p in PROGRAMS if p.argv[0] in ("superfile-query", "superfile-cache")} == READ_PATH_PROGRAMS
+    assert {"superfile-query", "superfile-cache"} <= set(console_scripts())
 
 
 # --- environment variables: each one its service reads ---------------------------------------------------------
@@ -347,18 +359,16 @@ ENV = _env_by_component()
 def test_every_environment_variable_is_read_by_its_service(comp: str) -> None:
     """Each variable a container gets occurs in the code that runs there: the service's package, the engine,
     botocore (the AWS_* settings) and, for the ingest job, Spark's Python and launcher scripts."""
-    if comp in ("query", "cache") and not service_exists(comp):
-        pytest.skip(f"services/{comp} does not exist yet: {ISSUE16}")
-    pending = ISSUE16_GATEWAY_ENV if comp == "gateway" and not service_exists("query") else set()
-    unread = sorted(n for n in ENV[comp] - pending if not reads_env(comp, n))
+    unread = sorted(n for n in ENV[comp] if not reads_env(comp, n))
     assert not unread, f"{comp}: set but never read: {unread}"
 
 
-@pytest.mark.parametrize("var", sorted(ISSUE16_GATEWAY_ENV))
-def test_the_gateway_reads_the_issue16_variables(var: str) -> None:
+@pytest.mark.parametrize("var", sorted(READ_PATH_GATEWAY_ENV))
+def test_the_gateway_reads_the_read_path_variables(var: str) -> None:
     assert var in ENV["gateway"]
-    if not reads_env("gateway", var):
-        pytest.skip(f"the gateway does not read {var} yet: {ISSUE16}")
+    assert reads_env("gateway", var)
+    source = (ROOT / "services/gateway/superfile_gateway/settings.py").read_text()
+    assert f'"{var}"' in source, f"the gateway's settings do not read {var}"
 
 
 def test_the_gateway_gets_every_limit_it_has() -> None:
@@ -452,7 +462,7 @@ def test_the_query_tier_finds_the_cache_nodes_through_the_headless_service(name:
 def test_reads_stay_in_the_gateway_without_the_query_tier() -> None:
     docs = render("reads-embedded")
     assert not {component(d) for d in docs if COMPONENT_LABEL in d["metadata"]["labels"]} & {"query", "cache"}
-    assert not ISSUE16_GATEWAY_ENV & set(iter_env(_container("reads-embedded", "gateway")))
+    assert not READ_PATH_GATEWAY_ENV & set(iter_env(_container("reads-embedded", "gateway")))
     out = run_helm(*template_args([], ["cache.enabled=false"]))
     assert out.returncode != 0 and "query.enabled needs cache.enabled" in out.stderr
 
@@ -629,20 +639,13 @@ def test_every_project_image_has_a_dockerfile() -> None:
             repo = pod.containers[0]["image"].rsplit(":", 1)[0]
             assert repo == f"supertable/{pod.component}", repo
     missing = sorted(c for c in PROJECT_COMPONENTS if not (ROOT / "services" / c / "Dockerfile").exists())
-    pending = [c for c in missing if c in ("query", "cache") and not service_exists(c)]
-    assert missing == pending, f"images without a Dockerfile: {missing}"
-
-
-@pytest.mark.parametrize("comp", ["query", "cache"])
-def test_the_issue16_images_have_dockerfiles(comp: str) -> None:
-    if not service_exists(comp):
-        pytest.skip(f"services/{comp} does not exist yet: {ISSUE16}")
-    assert (ROOT / "services" / comp / "Dockerfile").exists()
+    assert not missing, f"images without a Dockerfile: {missing}"
+    assert {p.parent.name for p in DOCKERFILES} == set(PROJECT_COMPONENTS)
 
 
 # --- compose.yaml and the chart describe the same suite --------------------------------------------------------------
 
-# compose-only services and what stands for them in the chart; chart-only components pending issue 16
+# compose-only services and what stands for them in the chart
 COMPOSE_ONLY = {"prometheus": "serviceMonitor.enabled", "grafana": "dashboard (ConfigMap for Grafana's sidecar)"}
 COMPOSE_TO_CHART = {"s3": "s3", "s3-init": "s3-init", "kafka": "kafka", "redis": "redis"}
 
@@ -661,49 +664,75 @@ def _chart_suite() -> dict[str, dict[str, Any]]:
     return suite
 
 
-def _compose_services() -> dict[str, dict[str, Any]]:
-    """compose.yaml's services by chart component: numbered copies (cache-1, cache-2, ...) count as one."""
-    found: dict[str, dict[str, Any]] = {}
+def _compose_services() -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """compose.yaml's services by chart component, each with its (name, service) copies: numbered copies
+    (cache-1, cache-2, ...) are copies of one component."""
+    found: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for name, svc in sorted(compose_config()["services"].items()):
-        found.setdefault(re.sub(r"^(query|cache)-?\d+$", r"\1", name), svc)
+        found.setdefault(re.sub(r"^(query|cache)-?\d+$", r"\1", name), []).append((name, svc))
     return found
 
 
+def _command_values(svc: dict[str, Any]) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in svc.get("command") or [] if a.startswith("--") and "=" in a)
+
+
 def test_compose_and_the_chart_run_the_same_services() -> None:
-    compose = _compose_services()
-    chart = _chart_suite()
-    pending = {c for c in ("query", "cache") if c not in compose and not service_exists(c)}
-    assert set(compose) - set(COMPOSE_ONLY) == set(chart) - pending
-    for c in ("query", "cache"):
-        if c not in compose:
-            assert not service_exists(c), f"compose.yaml should run {c} now that services/{c} exists (issue 16)"
+    assert set(_compose_services()) - set(COMPOSE_ONLY) == set(_chart_suite())
 
 
 @pytest.mark.parametrize("service", ["gateway", "builder", "ingest", "query", "cache", "redis", "kafka", "s3"])
 def test_compose_and_the_chart_agree_on_images_ports_and_environment(service: str) -> None:
-    if service not in _compose_services() and not service_exists(service):
-        pytest.skip(f"compose.yaml gets {service} with {ISSUE16}")
-    compose = _compose_services()[service]
     chart = _chart_suite()[service]
-    assert compose["image"] == chart["image"]
-    listens = {int(p["target"]) for p in compose.get("ports", [])} | {int(p) for p in compose.get("expose", [])}
-    assert listens == chart["ports"]
-    if service in PROJECT_COMPONENTS:
-        pending = ISSUE16_GATEWAY_ENV if service == "gateway" and "query" not in _compose_services() else set()
-        assert set(compose.get("environment", {})) == chart["env"] - pending
-        assert compose["build"]["dockerfile"] == f"services/{service}/Dockerfile"
-        # compose passes a subset of the chart's flags to the same program (the chart states every default);
-        # the query tier may list its cache nodes in compose where the chart names the headless Service
-        alternatives = {"--cache-nodes"} if service == "query" else set()
-        assert flags(compose.get("command") or []) <= chart["flags"] | alternatives
+    for name, compose in _compose_services()[service]:
+        assert compose["image"] == chart["image"], name
+        listens = {int(p["target"]) for p in compose.get("ports", [])} | {int(p) for p in compose.get("expose", [])}
+        assert listens == chart["ports"], name
+        if service in PROJECT_COMPONENTS:
+            assert set(compose.get("environment", {})) == chart["env"], name
+            assert compose["build"]["dockerfile"] == f"services/{service}/Dockerfile", name
+            # compose passes a subset of the chart's flags to the same program (the chart states every default);
+            # the query tier lists its cache nodes in compose where the chart names the headless Service
+            alternatives = {"--cache-nodes"} if service == "query" else set()
+            assert flags(compose.get("command") or []) <= chart["flags"] | alternatives, name
 
 
-@pytest.mark.parametrize("service", ["gateway"])
-def test_compose_runs_the_issue16_read_path(service: str) -> None:
-    if not service_exists("query"):
-        pytest.skip(f"compose.yaml gets the query and cache services with {ISSUE16}")
-    env = set(compose_config()["services"][service].get("environment", {}))
-    assert env >= ISSUE16_GATEWAY_ENV
+def test_compose_runs_the_read_path() -> None:
+    """Three cache nodes, each with a volume of its own at its cache directory; two query roots listing exactly
+    those nodes; the gateway sending reads to the query service; one internal token for the three tiers;
+    Prometheus scraping each query root and cache node."""
+    services = _compose_services()
+    caches = services["cache"]
+    assert [name for name, _ in caches] == ["cache-1", "cache-2", "cache-3"]
+    volumes = set()
+    for name, svc in caches:
+        args = _command_values(svc)
+        assert args["--host"] == "0.0.0.0" and int(args["--port"]) == int(svc["expose"][0]), name
+        (mount,) = [v for v in svc["volumes"] if v["target"] == args["--cache-dir"]]
+        assert mount["type"] == "volume", name
+        volumes.add(mount["source"])
+        same = {k: v for k, v in svc.items() if k != "volumes"}
+        assert same == {k: v for k, v in caches[0][1].items() if k != "volumes"}, f"{name} differs from cache-1"
+    assert len(volumes) == len(caches), "each cache node keeps its superfiles on a volume of its own"
+    (query_name, query), *more = services["query"]
+    assert not more and query.get("deploy", {}).get("replicas") == 2, "two query roots (replicas of one service)"
+    qargs = _command_values(query)
+    assert qargs["--host"] == "0.0.0.0"
+    nodes = qargs["--cache-nodes"].split(",")
+    assert nodes == [f"http://{name}:{_command_values(svc)['--port']}" for name, svc in caches]
+    assert set(query["depends_on"]) == {name for name, _ in caches}
+    ((_, gateway),) = services["gateway"]
+    assert gateway["environment"]["SUPERFILE_QUERY_URL"] == f"http://{query_name}:{qargs['--port']}"
+    assert "query" in gateway["depends_on"]
+    tokens = {
+        svc["environment"]["SUPERFILE_INTERNAL_TOKEN"] for c in ("gateway", "query", "cache") for _, svc in services[c]
+    }
+    assert tokens == {"t"}  # compose_config's value: one variable, required (${SUPERFILE_INTERNAL_TOKEN:?...})
+    scrape = yaml.safe_load((ROOT / "deploy/prometheus.yml").read_text())["scrape_configs"]
+    static = {t for job in scrape for c in job.get("static_configs", []) for t in c["targets"]}
+    dns = {(n, c["port"]) for job in scrape for c in job.get("dns_sd_configs", []) for n in c["names"]}
+    assert {f"{name}:{_command_values(svc)['--port']}" for name, svc in caches} <= static
+    assert (query_name, int(qargs["--port"])) in dns
 
 
 def test_compose_keeps_redis_persistent() -> None:

