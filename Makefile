@@ -59,7 +59,8 @@ bench: install-test
 	$(BIN)/pip install -q lancedb
 	$(BIN)/python bench/append_bench.py
 
-# The whole service suite as local processes on 127.0.0.1 (broker, S3 server, Redis, builder, gateway).
+# The whole service suite as local processes on 127.0.0.1 (broker, S3 server, Redis, builder, three cache nodes,
+# two query roots, gateway; docs/services.md, docs/query.md).
 up: install-test
 	$(BIN)/python -m superfile_suite up $(SUITE_ARGS)
 

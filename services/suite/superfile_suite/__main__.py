@@ -2,10 +2,15 @@
 
 ``up`` starts the broker (tansu, its log kept in the S3 server so it survives
 broker restarts), the S3 server (moto), Redis (append-only file in
-``<dir>/redis``, so leases and fencing counters survive a restart), one builder and the gateway in
-suite mode, each in its own session so they outlive this command, and writes
-their pids, addresses and log paths to ``<dir>/suite.json``; ``down`` stops
-them. Ports are fixed (overridable by flags) so the printed URLs are stable.
+``<dir>/redis``, so leases and fencing counters survive a restart), one builder,
+the read path (three cache nodes, each with its cache in ``<dir>/cache-N``, and two
+query roots over them: ``superfile-cache serve`` and ``superfile-query serve``,
+docs/query.md) and the gateway in suite mode, forwarding every read to the first
+query root with a generated internal token. Each runs in its own session so it
+outlives this command; their pids, addresses and log paths go to
+``<dir>/suite.json`` (the internal token too: the file is readable by its owner
+only); ``down`` stops them. Ports are fixed (overridable by flags) so the printed
+URLs are stable.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -24,7 +30,7 @@ from typing import Any
 import boto3
 import urllib3
 
-from superfile_suite.servers import start_moto, start_redis, start_tansu
+from superfile_suite.servers import start_cache_node, start_moto, start_query, start_redis, start_tansu
 
 __all__ = ["main"]
 
@@ -99,6 +105,20 @@ def up(args: argparse.Namespace) -> dict[str, Any]:
             logs,
         )
         started.append(("builder", builder.pid))
+        # the read path: cache nodes, then the query roots over them (each starter waits for /healthz)
+        token = secrets.token_hex(32)
+        cache_nodes = []
+        for i, port in enumerate(args.cache_ports, 1):
+            node = start_cache_node(
+                storage, str(state_dir / f"cache-{i}"), token, env=env, log_path=str(logs / f"cache-{i}.log"), port=port
+            )
+            started.append((f"cache-{i}", node.proc.pid))
+            cache_nodes.append(node.url)
+        queries = []
+        for i, port in enumerate(args.query_ports, 1):
+            query = start_query(storage, cache_nodes, token, env=env, log_path=str(logs / f"query-{i}.log"), port=port)
+            started.append((f"query-{i}", query.proc.pid))
+            queries.append(query.url)
         gateway_env = {
             **env,
             "SUPERFILE_STORAGE": storage,
@@ -106,6 +126,8 @@ def up(args: argparse.Namespace) -> dict[str, Any]:
             "SUPERFILE_API_KEYS": args.api_keys,
             "SUPERFILE_HOST": "127.0.0.1",
             "SUPERFILE_PORT": str(args.gateway_port),
+            "SUPERFILE_QUERY_URL": queries[0],
+            "SUPERFILE_INTERNAL_TOKEN": token,
         }
         gateway = _spawn("gateway", [sys.executable, "-m", "superfile_gateway"], gateway_env, logs)
         started.append(("gateway", gateway.pid))
@@ -118,6 +140,9 @@ def up(args: argparse.Namespace) -> dict[str, Any]:
     state = {
         "pids": dict(started),
         "gateway": gateway_url,
+        "query": queries,
+        "cache_nodes": cache_nodes,
+        "internal_token": token,
         "kafka": kafka.url,
         "s3": s3.url,
         "redis": redis.url,
@@ -125,7 +150,10 @@ def up(args: argparse.Namespace) -> dict[str, Any]:
         "builder_metrics": f"http://127.0.0.1:{args.builder_metrics_port}/metrics",
         "logs": str(logs),
     }
-    (state_dir / "suite.json").write_text(json.dumps(state, indent=2))
+    path = state_dir / "suite.json"
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(json.dumps(state, indent=2))
     return state
 
 
@@ -160,6 +188,13 @@ def down(args: argparse.Namespace) -> None:
     print("suite stopped")
 
 
+def _ports(text: str) -> list[int]:
+    ports = [int(p) for p in text.split(",") if p.strip()]
+    if not ports or len(set(ports)) != len(ports) or not all(0 < p < 65536 for p in ports):
+        raise argparse.ArgumentTypeError(f"distinct ports, comma-separated: {text!r}")
+    return ports
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m superfile_suite", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["up", "down"])
@@ -169,6 +204,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--s3-port", type=int, default=9000)
     parser.add_argument("--redis-port", type=int, default=6379)
     parser.add_argument("--builder-metrics-port", type=int, default=9101)
+    parser.add_argument(
+        "--query-ports", type=_ports, default=[8100, 8101], help="one query root per port (default 8100,8101)"
+    )
+    parser.add_argument(
+        "--cache-ports", type=_ports, default=[8200, 8201, 8202], help="one cache node per port (default 8200-8202)"
+    )
     parser.add_argument("--bucket", default="supertable")
     parser.add_argument(
         "--api-keys",
@@ -183,12 +224,17 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"suite already running (see {args.dir}/suite.json); make down first")
     state = up(args)
     key = args.api_keys.split(",")[0].split(":")[0]
-    print(json.dumps(state, indent=2))
+    shown = {k: v for k, v in state.items() if k != "internal_token"}
+    print(json.dumps(shown, indent=2))
     print(f"\nsuite up. Try:\n  curl -H 'Authorization: Bearer {key}' {state['gateway']}/tables")
     print(
         f"  python -c \"import superfile; db = superfile.connect('{state['gateway']}', api_key='{key}'); "
         'print(db.table_names())"'
     )
+    state_file = Path(args.dir) / "suite.json"
+    print(f"Reads go from the gateway to {state['query'][0]}, which fans them out over the cache nodes:")
+    print(f'  TOKEN=$(python -c \'import json; print(json.load(open("{state_file}"))["internal_token"])\')')
+    print(f'  curl -H "Authorization: Bearer $TOKEN" {state["query"][0]}/v1/cluster')
 
 
 if __name__ == "__main__":
