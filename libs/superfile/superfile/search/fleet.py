@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 _HEDGE_MIN_SAMPLES = 20  # leaf latencies seen before hedging starts (a p95 of fewer is noise)
 _HEDGE_FLOOR_S = 0.02  # never hedge a call sooner than this
+_ROUNDS = 3  # a share goes round every node at most this often before the read fails
 
 
 @dataclass
@@ -177,7 +178,6 @@ class Fleet:
         took = time.perf_counter() - start
         self._leaf_seconds.record(took, {"op": request.op})
         if response.status == 200:
-            self._latencies.append(took)
             if response.headers.get("content-type", "").startswith(ARROW_STREAM):
                 return from_ipc(response.data)
             answer: dict[str, Any] = json.loads(response.data)
@@ -194,16 +194,24 @@ class Fleet:
         return max(_HEDGE_FLOOR_S, float(np.quantile(np.fromiter(self._latencies, float), 0.95)))
 
     def _first(self, url: str, backup: str | None, request: LeafRequest, deadline: float) -> Any:
-        """``url``'s answer, or ``backup``'s if ``url`` is still silent after the p95 and that one answers first."""
+        """``url``'s answer, or ``backup``'s if ``url`` is still silent after the p95 and that one answers first.
+
+        The p95 is over what callers waited: a call that was hedged counts as the p95 itself, so a node that
+        turned slow does not drag the threshold up to its own latency (and make hedging useless)."""
         p95 = self._p95() if backup is not None else None
+        start = time.perf_counter()
         if p95 is None:
-            return self._ask(url, request, deadline)
+            answer = self._ask(url, request, deadline)
+            self._latencies.append(time.perf_counter() - start)
+            return answer
         primary = self._hedges.submit(self._ask, url, request, deadline)
         done, _ = wait([primary], timeout=p95)
         if done:
+            self._latencies.append(time.perf_counter() - start)
             return primary.result()
         assert backup is not None
         self._hedged.add(1)
+        self._latencies.append(p95)
         pending: set[Future[Any]] = {primary, self._hedges.submit(self._ask, backup, request, deadline)}
         failure: BaseException | None = None
         while pending:
@@ -227,8 +235,10 @@ class Fleet:
         args: dict[str, Any],
         tried: frozenset[str],
         deadline: float,
+        round_: int = 0,
     ) -> list[Any]:
-        """The answers for ``paths`` from ``url``, or (when it gives none) from the next nodes in their order."""
+        """The answers for ``paths`` from ``url``, or (when it gives none) from the next nodes in their order;
+        once every node was tried, up to ``_ROUNDS`` rounds over all of them again, with a pause between."""
         request = LeafRequest(snap.files.name, snap.path, tuple(paths), op, args)
         others = [u for u in self._live() if u not in tried]
         backup = rank(paths[0], others)[0] if others else None
@@ -236,7 +246,11 @@ class Fleet:
             return [self._first(url, backup, request, deadline)]
         except _NoAnswer as e:
             self._down(url)
-            rest = [u for u in self._live() if u not in tried | {url}]
+            tried = tried | {url}
+            rest = [u for u in self._live() if u not in tried]
+            if not rest and round_ + 1 < _ROUNDS:
+                time.sleep(min(0.05 * 2**round_, max(0.0, deadline - time.monotonic())))
+                tried, rest, round_ = frozenset(), [m.url for m in self.members()], round_ + 1
             if not rest or time.monotonic() >= deadline:
                 raise CacheNodeUnavailableError(
                     f"no cache node answered for {len(paths)} superfiles of {snap.files.name!r} (last: {e})"
@@ -246,7 +260,7 @@ class Fleet:
             out: list[Any] = []
             for node, share in assign(paths, rest).items():
                 if share:
-                    out += self._share(snap, node, share, op, args, tried | {url}, deadline)
+                    out += self._share(snap, node, share, op, args, tried, deadline, round_)
             return out
 
     def run(self, snap: Snapshot, paths: Sequence[str], op: str, args: dict[str, Any]) -> list[Any]:

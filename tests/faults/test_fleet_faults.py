@@ -1,0 +1,198 @@
+"""A query root over cache nodes that lose answers, answer 503, turn slow or are not there at all: every
+read still answers, and answers what the embedded engine does (docs/query.md, "Failures").
+
+Three real cache nodes (``superfile-cache serve``), each behind a fault-injecting proxy that acts on its
+leaf requests only (health checks pass), and a root in this process (``superfile.connect(uri,
+cache_nodes=...)``), compared read by read with an embedded connection on the same table."""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import superfile
+from superfile.errors import CacheNodeUnavailableError
+from superfile.remote.errors import AuthenticationError
+from superfile.telemetry import render
+from superfile_suite import Server, start_cache_node
+from superfile_suite.faults import Faults, FaultyHttpProxy, Request
+
+TOKEN = "fleet-faults-token"
+DIM = 8
+WORDS = [
+    "supersonic",
+    "boundary",
+    "layer",
+    "transition",
+    "heat",
+    "transfer",
+    "hypersonic",
+    "flow",
+    "wing",
+    "flutter",
+    "laminar",
+    "plate",
+    "shock",
+]
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _leaf(request: Request) -> bool:
+    return request.method == "POST" and request.path == "/v1/leaf"
+
+
+@pytest.fixture(scope="module")
+def root_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A table of 8 superfiles with deleted rows."""
+    root = tmp_path_factory.mktemp("fleet")
+    db = superfile.connect(f"file://{root}")
+    schema = pa.schema([("key", pa.int64()), ("title", pa.string()), ("emb", pa.list_(pa.float32()))])
+    table = db.create_table("docs", schema, fts_columns=["title"], vector_columns={"emb": DIM})
+    rng = np.random.default_rng(7)
+    for part in range(8):
+        keys = range(part * 30, part * 30 + 30)
+        table.append(
+            [{"key": k, "title": " ".join(rng.choice(WORDS, 6)), "emb": rng.normal(size=DIM).tolist()} for k in keys]
+        )
+    table.delete("key % 11 = 0")
+    return root
+
+
+@pytest.fixture(scope="module")
+def nodes(root_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[tuple[Server, FaultyHttpProxy]]]:
+    started: list[tuple[Server, FaultyHttpProxy]] = []
+    try:
+        for i in range(3):
+            node = start_cache_node(f"file://{root_dir}", str(tmp_path_factory.mktemp(f"cache{i}")), TOKEN)
+            started.append((node, FaultyHttpProxy(node.url)))
+        yield started
+    finally:
+        for node, proxy in started:
+            proxy.close()
+            node.stop()
+
+
+@pytest.fixture
+def root(root_dir: Path, nodes: list[tuple[Server, FaultyHttpProxy]]) -> Iterator[Any]:
+    """A fresh root (its own health view and latency history) over the three proxies, faults cleared."""
+    for _, proxy in nodes:
+        proxy.faults = Faults(match=_leaf)
+    db = superfile.connect(f"file://{root_dir}", cache_nodes=[p.endpoint for _, p in nodes], internal_token=TOKEN)
+    yield db
+    db.close()
+
+
+def _reads(rng: np.random.Generator) -> list[Callable[[Any], pa.Table]]:
+    vector = rng.normal(size=DIM).tolist()
+    words = " ".join(rng.choice(WORDS, 2))
+    token = str(rng.choice(WORDS))
+    return [
+        lambda t: t.bm25_search("title", words, 10),
+        lambda t: t.bm25_search("title", words, 5, mode="all"),
+        lambda t: t.bm25_search_prefix("title", "hyp", 10),
+        lambda t: t.token_match("title", [token]),
+        lambda t: t.vector_search("emb", vector, 10),
+        lambda t: t.vector_search("emb", vector, 10, where="key > 40"),
+        lambda t: t.to_arrow(["_id", "title"], where="key < 100"),
+    ]
+
+
+def _same(a: pa.Table, b: pa.Table) -> None:
+    assert a.column("_id").to_pylist() == b.column("_id").to_pylist()
+    if "score" in a.column_names:
+        np.testing.assert_allclose(
+            np.asarray(a.column("score").to_pylist(), float), np.asarray(b.column("score").to_pylist(), float), 1e-6
+        )
+
+
+def _counter(name: str) -> float:
+    """A counter's value summed over its labels, from this process's Prometheus exposition."""
+    total = 0.0
+    for line in render().decode().splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_lost_and_refused_leaf_answers_go_to_the_next_node(
+    root_dir: Path, nodes: list[tuple[Server, FaultyHttpProxy]], root: Any
+) -> None:
+    for _, proxy in nodes:
+        proxy.faults = Faults(lose=0.15, error=0.15, match=_leaf)
+    embedded = superfile.connect(f"file://{root_dir}").open_table("docs")
+    fleet = root.open_table("docs")
+    retries = _counter("superfile_query_leaf_retries_total")
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        for read in _reads(rng):
+            _same(read(embedded), read(fleet))
+    assert sum(p.faults.injected for _, p in nodes) > 0
+    assert _counter("superfile_query_leaf_retries_total") > retries
+
+
+def test_a_slow_node_is_hedged_after_the_p95(
+    root_dir: Path, nodes: list[tuple[Server, FaultyHttpProxy]], root: Any
+) -> None:
+    embedded = superfile.connect(f"file://{root_dir}").open_table("docs")
+    fleet = root.open_table("docs")
+    rng = np.random.default_rng(2)
+    for _ in range(5):  # the p95 needs 20 answers before hedging starts
+        for read in _reads(rng):
+            read(fleet)
+    slow_s = 3.0
+    nodes[0][1].faults = Faults(delay=1.0, delay_s=slow_s, match=_leaf)
+    hedges = _counter("superfile_query_leaf_hedges_total")
+    for read in _reads(rng):
+        start = time.monotonic()
+        got = read(fleet)
+        assert time.monotonic() - start < slow_s, "a read waited for the slow node instead of hedging"
+        _same(read(embedded), got)
+    assert nodes[0][1].faults.counts["delay"] > 0
+    assert _counter("superfile_query_leaf_hedges_total") > hedges
+
+
+def test_cache_nodes_found_by_dns(root_dir: Path, nodes: list[tuple[Server, FaultyHttpProxy]]) -> None:
+    """``cache_dns``: every address the name resolves to is a member; one that does not answer its health
+    check (here localhost's IPv6 address, if any: the node listens on 127.0.0.1) takes no work."""
+    node = nodes[1][0]
+    db = superfile.connect(f"file://{root_dir}", cache_dns=f"localhost:{node.port}", internal_token=TOKEN)
+    try:
+        members = db.fleet.members()
+        assert f"http://127.0.0.1:{node.port}" in {m.url for m in members if m.healthy}
+        embedded = superfile.connect(f"file://{root_dir}").open_table("docs")
+        for read in _reads(np.random.default_rng(3)):
+            _same(read(embedded), read(db.open_table("docs")))
+    finally:
+        db.close()
+
+
+def test_no_node_answering_is_a_typed_error(root_dir: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens here once the socket closes
+    db = superfile.connect(f"file://{root_dir}", cache_nodes=[f"http://127.0.0.1:{port}"], internal_token=TOKEN)
+    try:
+        with pytest.raises(CacheNodeUnavailableError):
+            db.open_table("docs").bm25_search("title", "supersonic", 5)
+        assert db.open_table("docs").count_rows() > 0  # the manifest answers a plain count: no node needed
+    finally:
+        db.close()
+
+
+def test_a_wrong_token_is_refused_by_the_nodes(root_dir: Path, nodes: list[tuple[Server, FaultyHttpProxy]]) -> None:
+    db = superfile.connect(
+        f"file://{root_dir}", cache_nodes=[n.url for n, _ in nodes], internal_token=f"not-{uuid.uuid4().hex}"
+    )
+    try:
+        with pytest.raises(AuthenticationError):
+            db.open_table("docs").vector_search("emb", [0.0] * (DIM - 1) + [1.0], 3)
+    finally:
+        db.close()
