@@ -82,7 +82,6 @@ class CacheNode:
         m.create_observable_counter(
             "superfile.cache.downloaded", [self._observe(lambda s: s["downloaded_bytes"])], unit="By"
         )
-        self.downloaded_bytes = 0
 
     def _observe(self, pick: Any) -> Any:
         def observe(_options: CallbackOptions) -> list[Observation]:
@@ -126,15 +125,14 @@ class CacheNode:
         return len(fresh)
 
     def _warm(self, table: str, superfiles: list[tuple[str, int]]) -> None:
-        try:
-            for path, size in superfiles:
-                if self.db.warm(table, [(path, size)]):
-                    self.downloaded_bytes += size
-        except SuperfileError as e:
-            log.warning("warming %d superfiles of %s failed: %s", len(superfiles), table, e)
-        finally:
-            with self._lock:
-                self._queued.difference_update((table, p) for p, _ in superfiles)
+        for path, size in superfiles:  # one at a time: a superfile that fails does not hold up the others
+            try:
+                self.db.warm(table, [(path, size)])
+            except (SuperfileError, OSError) as e:
+                log.warning("warming %s of %s failed: %s", path, table, e)
+            finally:
+                with self._lock:
+                    self._queued.discard((table, path))
 
     def stats(self) -> dict[str, Any]:
         cache = self.db.disk_cache
@@ -145,7 +143,7 @@ class CacheNode:
             "cache_bytes": used,
             "cache_budget_bytes": cache.budget_bytes if cache is not None else 0,
             "downloads": downloads,
-            "downloaded_bytes": self.downloaded_bytes,
+            "downloaded_bytes": cache.fetched_bytes + cache.ranged_bytes if cache is not None else 0,
             "hits": hits,
             "hit_ratio": hits / (hits + downloads) if hits + downloads else 1.0,
             "leaf_requests": self.served,

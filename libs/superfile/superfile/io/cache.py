@@ -93,6 +93,7 @@ class DiskCache:
         self.directory = directory
         self.fetches = 0  # objects this process downloaded (a cold open); hits do not count
         self.hits = 0  # opens and uses answered by a copy already here
+        self.fetched_bytes = 0  # bytes of the whole copies this process downloaded
         self.advised = 0  # mappings advised out of memory to keep within the memory budget
         self._guard = threading.Lock()
         self._fetching: dict[str, threading.Lock] = {}
@@ -130,6 +131,8 @@ class DiskCache:
                         for offset in range(0, size, _CHUNK):
                             out.write(storage.read_range(key, offset, min(_CHUNK, size - offset)))
                 os.replace(part, local)
+                with self._guard:
+                    self.fetched_bytes += size
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(part)
