@@ -6,16 +6,25 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
+import boto3
 import httpx
 import pyarrow as pa
 import pytest
 import superfile
+import urllib3
 from e2e_support import wait_until
 from superfile.remote.errors import TooManyRequestsError
 from superfile.telemetry import meter
@@ -24,6 +33,7 @@ from superfile_gateway import BackgroundServer, Settings
 from superfile_gateway.admission import Admission
 from superfile_gateway.auth import Principal
 from superfile_ingest.metrics import IngestMetrics
+from superfile_suite import start_cache_node, start_moto, start_query
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,6 +93,18 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "supertable.json"
 def _exprs(dashboard: dict) -> list[str]:
     panels = [p for row in dashboard["panels"] for p in [row, *row.get("panels", [])]]
     return [t["expr"] for p in panels for t in p.get("targets", [])]
+
+
+# The query roots' and cache nodes' series: exported by those processes (test_read_path_metrics_are_exported).
+READ_PATH = ("superfile_query_", "superfile_cache_")
+
+
+def _dashboard_metrics() -> set[str]:
+    return {m for e in _exprs(json.loads(DASHBOARD.read_text())) for m in re.findall(r"\b(?:superfile|process)_\w+", e)}
+
+
+def _exported(text: str) -> set[str]:
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 
 
 def test_dashboard_is_provisioned_from_the_mounted_folder() -> None:
@@ -148,8 +170,118 @@ def test_dashboard_metrics_are_exported(tmp_path: Path) -> None:
 
         wait_until(exported, 10, "the cancelled query to be counted")
 
-    wanted = {
-        m for e in _exprs(json.loads(DASHBOARD.read_text())) for m in re.findall(r"\b(?:superfile|process)_\w+", e)
-    }
+    wanted = {m for m in _dashboard_metrics() if not m.startswith(READ_PATH)}
     missing = sorted(m for m in wanted if m not in exposed)
     assert wanted and not missing, f"dashboard queries metrics no service exports: {missing}"
+
+
+class _Relay:
+    """Stands between the query root and one cache node: passes every request on, or on demand answers leaf
+    requests slowly (``slow``: after 1 s) or not at all (``fail``: a 502 that names no engine error)."""
+
+    def __init__(self, target: str) -> None:
+        self.mode = "relay"
+        relay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, status: int, body: bytes, content_type: str) -> None:
+                self.send_response(status)
+                self.send_header("content-type", content_type)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _relay(self, body: bytes | None) -> None:
+                passed = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
+                answer = urllib3.request(
+                    self.command, target + self.path, body=body, headers=passed, timeout=30, retries=False
+                )
+                self._send(answer.status, answer.data, answer.headers.get("content-type", "application/json"))
+
+            def do_GET(self) -> None:
+                self._relay(None)
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if self.path == "/v1/leaf" and relay.mode == "fail":
+                    return self._send(502, b"bad gateway", "text/plain")
+                if self.path == "/v1/leaf" and relay.mode == "slow":
+                    time.sleep(1.0)
+                self._relay(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextmanager
+def _read_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, list[str], list[_Relay]]]:
+    """A bucket on moto, three cache nodes each behind a relay, and a query root over the relays: (table root,
+    query root URL, cache node URLs, relays), the internal token in ``SUPERFILE_INTERNAL_TOKEN`` of this process."""
+    with ExitStack() as stack:
+        s3 = start_moto()
+        stack.callback(s3.stop)
+        env = {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}
+        env["AWS_ENDPOINT_URL"] = s3.url
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        bucket = f"dashboard-{uuid.uuid4().hex[:8]}"
+        boto3.client("s3", endpoint_url=s3.url).create_bucket(Bucket=bucket)
+        uri = f"s3://{bucket}/tables?endpoint_url={s3.url}"
+        token = secrets.token_hex(16)
+        monkeypatch.setenv("SUPERFILE_INTERNAL_TOKEN", token)
+        nodes = []
+        for i in range(3):
+            node = start_cache_node(uri, str(tmp_path / f"cache-{i}"), token, env=env)
+            stack.callback(node.stop)
+            nodes.append(node.url)
+        relays = [_Relay(url) for url in nodes]
+        for r in relays:
+            stack.callback(r.close)
+        query = start_query(uri, [r.url for r in relays], token, env=env)
+        stack.callback(query.stop)
+        yield uri, query.url, nodes, relays
+
+
+def test_read_path_metrics_are_exported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every query-root and cache-node series a panel queries appears in the real processes' /metrics after real
+    reads: served, hedged (every node slow), retried (two of three nodes failing) and refused (a bad leaf)."""
+    wanted = {m for m in _dashboard_metrics() if m.startswith(READ_PATH)}
+    assert {"superfile_query_leaf_hedges_total", "superfile_cache_hits_total", "superfile_cache_bytes"} <= wanted
+    with _read_path(tmp_path, monkeypatch) as (uri, query, nodes, relays):
+        token = os.environ["SUPERFILE_INTERNAL_TOKEN"]
+        with superfile.connect(uri) as db:  # the writer: one superfile per append, spread over the three nodes
+            table = db.create_table(
+                "docs", pa.schema([("id", pa.int64()), ("text", pa.string())]), fts_columns=["text"]
+            )
+            for i in range(12):
+                table.append([{"id": i, "text": f"hello number {i}"}])
+        with superfile.connect(query, api_key=token) as root:
+            docs = root.open_table("docs")
+            for _ in range(10):  # enough leaf latencies for the root's p95 (hedging starts after 20)
+                assert docs.bm25_search("text", "hello", k=3).num_rows == 3
+            for r in relays:
+                r.mode = "slow"
+            assert docs.bm25_search("text", "hello", k=3).num_rows == 3  # each call hedged to a second node
+            relays[0].mode = relays[1].mode = "fail"
+            relays[2].mode = "relay"
+            assert docs.bm25_search("text", "hello", k=3).num_rows == 3  # their shares retried on the third
+        leaf = urllib3.request(
+            "POST", f"{nodes[0]}/v1/leaf", body=b'{"op": "nothing"}', headers={"authorization": f"Bearer {token}"}
+        )
+        assert leaf.status == 400 and json.loads(leaf.data)["error"]["type"] == "InvalidInputError"
+        exposed: set[str] = set()
+        for url in [query, *nodes]:
+            exposed |= _exported(urllib3.request("GET", f"{url}/metrics").data.decode())
+    missing = sorted(wanted - exposed)
+    assert not missing, f"the dashboard queries read-path metrics no query root or cache node exports: {missing}"
