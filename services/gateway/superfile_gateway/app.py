@@ -275,7 +275,12 @@ class Gateway:
                 pinned = self._pinned.get(key)
                 if pinned is not None:
                     self._pinned.move_to_end(key)
-                    return pinned
+            # a cleanup elsewhere (another replica, the builder, the gateway in front of this query service) may
+            # have expired the version since it was cached: checked on every use, one small read of storage
+            if pinned is not None and pinned.is_retained():
+                return pinned
+            if pinned is not None:
+                self.forget(name, pinned_only=True)
             pinned = table.checkout(at.version)
         else:
             pinned = table.checkout(as_of=at.as_of)

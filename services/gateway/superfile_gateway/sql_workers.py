@@ -44,7 +44,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from starlette.concurrency import run_in_threadpool
 from superfile.connection import Connection
 from superfile.errors import QueryLimitError, SqlError, SuperfileError, TableNotFoundError
-from superfile.remote.errors import QueryCrashedError, QueryTimeoutError, error_class
+from superfile.remote.errors import QueryCrashedError, QueryTimeoutError, error_class, error_of
 from superfile.remote.wire import from_ipc, to_ipc
 from superfile.sql import SqlLimits, run_sql
 from superfile.table import Supertable
@@ -334,8 +334,7 @@ def _decode(answer: bytes) -> pa.Table:
     if kind == "rows":
         return from_ipc(payload)
     type_name, status, message = payload
-    cls = error_class(type_name, status) or SqlError
-    raise cls(message)
+    raise error_of(error_class(type_name, status) or SqlError, message)
 
 
 def _release_memory() -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "VisibilityTimeoutError",
     "error_class",
     "error_from_response",
+    "error_of",
 ]
 
 
@@ -132,9 +133,15 @@ def error_from_response(status: int, body: bytes) -> SuperfileError:
     cls = error_class(type_name, status)
     if cls is None:
         return GatewayError(message, status)
+    return error_of(cls, message)
+
+
+def error_of(cls: type[SuperfileError], message: str) -> SuperfileError:
+    """An instance of ``cls`` carrying ``message``, also for a class whose constructor takes structured
+    arguments (``SuperfileMissingError(path, table=...)``): the type is kept, the message carried."""
     try:
         return cls(message)
-    except TypeError:  # a class whose constructor takes structured arguments: keep the type, carry the message
+    except TypeError:
         exc = cls.__new__(cls)
         exc.args = (message,)
         return exc

@@ -135,6 +135,11 @@ class Supertable:
             raise VersionNotFoundError(f"table {self.name!r} version {entry.version} is no longer retained") from None
         return Supertable(self.name, self._files, Snapshot(self._files, entry.manifest, manifest), pinned=True)
 
+    def is_retained(self) -> bool:
+        """Whether this handle's version is still retained: a cleanup (in this process or another) may have
+        expired a past version since its handle was opened. One small read of storage."""
+        return self.version >= oldest_retained(self._files.storage)
+
     def _retained_history(self) -> tuple[HistoryEntry, ...]:
         storage = self._files.storage
         oldest = oldest_retained(storage)
