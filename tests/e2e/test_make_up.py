@@ -31,6 +31,14 @@ def _make(target: str, suite_args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _distinct_free_ports(n: int) -> list[int]:
+    """``n`` different free ports (``free_port`` alone may report one port twice: it is free again at once)."""
+    found: set[int] = set()
+    while len(found) < n:
+        found.add(free_port())
+    return sorted(found)
+
+
 def _get(url: str, token: str) -> Any:
     request = urllib.request.Request(url, headers={"authorization": f"Bearer {token}"})
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -47,9 +55,10 @@ def _alive(pid: int) -> bool:
 
 def test_make_up_serves_reads_and_writes_and_make_down_stops_everything(tmp_path: Path) -> None:
     state_dir = tmp_path / "suite"
-    ports = {name: free_port() for name in ("gateway", "kafka", "s3", "redis", "builder-metrics")}
-    query_ports = [free_port() for _ in range(2)]
-    cache_ports = [free_port() for _ in range(3)]
+    free = _distinct_free_ports(10)
+    ports = {name: free.pop() for name in ("gateway", "kafka", "s3", "redis", "builder-metrics")}
+    query_ports = [free.pop() for _ in range(2)]
+    cache_ports = [free.pop() for _ in range(3)]
     suite_args = f"--dir {state_dir} " + " ".join(f"--{name}-port {port}" for name, port in ports.items())
     suite_args += f" --query-ports {','.join(map(str, query_ports))} --cache-ports {','.join(map(str, cache_ports))}"
     up = _make("up", suite_args)
