@@ -1,8 +1,11 @@
-"""The Connection API, one suite for both sides: embedded (file://) and remote (a real gateway over HTTP).
+"""The Connection API, one suite for every side: embedded (file://), remote (a real gateway over HTTP) and
+fleet (the distributed read path).
 
-Every test runs twice with identical assertions: ``db`` is either
-``superfile.connect("file://...")`` or ``superfile.connect("http://...", api_key=...)``
-against a uvicorn gateway (embedded mode) serving another file:// root.
+Every test runs three times with identical assertions: ``db`` is either
+``superfile.connect("file://...")``, or ``superfile.connect("http://...", api_key=...)``
+against a uvicorn gateway (embedded mode) serving another file:// root, or the same
+against a gateway on an S3 bucket (moto) that writes embedded and forwards every
+read to a query service fanning out to three cache nodes (real processes).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import superfile
+from fleet_support import API_KEY, aws_env, running_fleet, s3_bucket
 from superfile.errors import (
     InvalidInputError,
     InvalidOptionError,
@@ -33,6 +37,7 @@ from superfile.errors import (
     VersionNotFoundError,
 )
 from superfile_gateway import BackgroundServer, Settings, parse_api_keys
+from superfile_suite import Server
 
 DIM = 4
 SCHEMA = pa.schema([("key", pa.int64()), ("title", pa.string()), ("tag", pa.string()), ("emb", pa.list_(pa.float32()))])
@@ -57,8 +62,18 @@ def _rows(keys: range) -> list[dict[str, Any]]:
     return rows
 
 
-@pytest.fixture(scope="module", params=["embedded", "remote"])
+@pytest.fixture(scope="module", params=["embedded", "remote", "fleet"])
 def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if request.param == "fleet":
+        # reads through gateway -> query service -> 3 cache nodes on a bucket of moto's; writes embedded at the gateway
+        s3: Server = request.getfixturevalue("s3")
+        with s3_bucket(s3) as uri, running_fleet(uri, aws_env(s3)) as fleet:
+            assert fleet.gateway is not None
+            conn = superfile.connect(fleet.gateway.url, api_key=API_KEY)
+            yield conn
+            conn.close()
+            assert all(fleet.stats(n)["leaf_requests"] > 0 for n in fleet.cache), "reads did not reach every node"
+        return
     uri = f"file://{tmp_path_factory.mktemp(request.param)}"
     if request.param == "embedded":
         yield superfile.connect(uri)
