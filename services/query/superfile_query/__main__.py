@@ -9,11 +9,23 @@ import sys
 from collections.abc import Sequence
 
 import uvicorn
-from superfile_gateway.settings import ConfigError
+from superfile_gateway.settings import ConfigError, Settings
 
 from superfile_query.app import create_app, query_settings
 
 __all__ = ["main"]
+
+_FROM_ENV = (
+    "sql_workers",
+    "sql_timeout_s",
+    "sql_memory_bytes",
+    "sql_max_concurrent",
+    "search_max_concurrent",
+    "max_concurrent_per_key",
+    "max_result_rows",
+    "drain_s",
+    "max_body_bytes",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,8 +45,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     urls = [u.strip() for u in (args.cache_nodes or "").split(",") if u.strip()]
     try:
+        # the limits a gateway reads from SUPERFILE_* (SQL time, memory and workers, caps, rows, drain) bind here too
+        env = Settings.from_env({**os.environ, "SUPERFILE_STORAGE": args.uri, "SUPERFILE_NO_AUTH": "1"})
         settings = query_settings(
-            args.uri, token, cache_nodes=urls, cache_dns=args.cache_dns, host=args.host, port=args.port
+            args.uri,
+            token,
+            cache_nodes=urls,
+            cache_dns=args.cache_dns,
+            host=args.host,
+            port=args.port,
+            **{name: getattr(env, name) for name in _FROM_ENV},
         )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -4,9 +4,11 @@ Membership is a static list of node URLs or the DNS name of a headless
 service (every address it resolves to is a node), re-read and health-checked
 every ``check_s``. Superfiles are placed by rendezvous hashing over the healthy
 nodes (``placement.py``). A leaf call that gets no answer (refused, reset,
-timed out, a 5xx without a typed error) marks its node unhealthy and its
+timed out, any 5xx but a missing superfile) marks its node unhealthy and its
 superfiles go to their next node in rendezvous order; a call slower than the
-observed p95 is hedged to the next node and the first answer wins. Every call
+observed p95 is hedged to the next node and the first answer wins; a node that
+loses three hedges in a row rests from placement for a while (its share moves
+to the next nodes, as for a failed one). Every call
 of one read shares one deadline. A typed error from a leaf (a bad argument, a
 missing superfile) is the read's answer: it is raised as such, not retried.
 See docs/query.md.
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 _HEDGE_MIN_SAMPLES = 20  # leaf latencies seen before hedging starts (a p95 of fewer is noise)
 _HEDGE_FLOOR_S = 0.02  # never hedge a call sooner than this
 _ROUNDS = 3  # a share goes round every node at most this often before the read fails
+_SLOW_STRIKES = 3  # hedges in a row another node wins before a node rests from placement
+_SLOW_REST_S = 10.0  # how long it rests
 
 
 @dataclass
@@ -92,11 +96,18 @@ class Fleet:
         self.generation = 0  # changes whenever a node joins, leaves, fails or recovers (placement moves)
         self._latencies: deque[float] = deque(maxlen=512)
         self._calls = ThreadPoolExecutor(32, thread_name_prefix="superfile-fanout")
-        self._hedges = ThreadPoolExecutor(16, thread_name_prefix="superfile-hedge")
+        # calls a hedge may leave running until the deadline: a pool of their own, apart from health checks
+        self._hedges = ThreadPoolExecutor(64, thread_name_prefix="superfile-hedge")
+        self._checks = ThreadPoolExecutor(8, thread_name_prefix="superfile-fleet-check")
+        self._strikes: dict[str, int] = {}  # per node: hedges in a row that another node won
+        self._slow_until: dict[str, float] = {}  # nodes left out of placement for being slow, until then
+        self._names: dict[str, str] = {}  # address -> the name it resolves back to (a pod's stable DNS name)
         m = meter("superfile.query")
         self._leaf_seconds = seconds_histogram(m, "superfile.query.leaf.duration", "Leaf request latency by op")
         self._width = m.create_histogram(
-            "superfile.query.fanout.width", description="Cache nodes one read fanned out to"
+            "superfile.query.fanout.width",
+            description="Cache nodes one read fanned out to",
+            explicit_bucket_boundaries_advisory=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128),
         )
         self._retries = m.create_counter("superfile.query.leaf.retries", description="Leaf calls sent to the next node")
         self._hedged = m.create_counter("superfile.query.leaf.hedges", description="Leaf calls hedged after the p95")
@@ -116,8 +127,22 @@ class Fleet:
         except OSError as e:
             log.warning("cache nodes' name %s does not resolve: %s", self._dns, e)
             return []
-        addresses = sorted({str(info[4][0]) for info in infos})
-        return [f"http://[{a}]:{port}" if ":" in a else f"http://{a}:{port}" for a in addresses]
+        names = sorted({self._name(str(info[4][0])) for info in infos})
+        return [f"http://[{n}]:{port}" if ":" in n else f"http://{n}:{port}" for n in names]
+
+    def _name(self, address: str) -> str:
+        """A member's identity: the name its address resolves back to where there is one (a StatefulSet pod
+        behind a headless Service keeps its name across restarts, and so its superfiles; its IP changes),
+        else the address. Looked up once per address."""
+        name = self._names.get(address)
+        if name is None:
+            try:
+                found = socket.gethostbyaddr(address)[0]
+                name = found if found and not found.startswith(("localhost", "ip6-")) else address
+            except OSError:
+                name = address
+            self._names[address] = name
+        return name
 
     def _healthy(self, url: str) -> bool:
         try:
@@ -128,7 +153,7 @@ class Fleet:
     def refresh(self) -> None:
         """Re-read the member list and health-check every member (the health thread does this each ``check_s``)."""
         urls = self._resolve()
-        health = dict(zip(urls, self._hedges.map(self._healthy, urls), strict=True)) if urls else {}
+        health = dict(zip(urls, self._checks.map(self._healthy, urls), strict=True)) if urls else {}
         with self._lock:
             before = {u: m.healthy for u, m in self._members.items()}
             self._members = {u: Member(u, ok) for u, ok in health.items()}
@@ -147,9 +172,26 @@ class Fleet:
             return [Member(m.url, m.healthy) for m in self._members.values()]
 
     def _live(self) -> list[str]:
+        """Healthy members not resting for slowness; failing that the healthy ones; failing that all (a read
+        tries them anyway rather than fail at once)."""
         members = self.members()
         healthy = [m.url for m in members if m.healthy]
-        return healthy or [m.url for m in members]  # all marked down: try them anyway rather than fail at once
+        now = time.monotonic()
+        fast = [u for u in healthy if self._slow_until.get(u, 0.0) <= now]
+        return fast or healthy or [m.url for m in members]
+
+    def _struck(self, url: str, lost: bool) -> None:
+        """A hedge against ``url`` was won by another node (``lost``), or ``url`` answered in time. Three lost
+        in a row rest it from placement for ``_SLOW_REST_S``: its share moves to the next nodes instead of
+        being hedged, and a call that holds a thread, on every read."""
+        with self._lock:
+            strikes = self._strikes.get(url, 0) + 1 if lost else 0
+            self._strikes[url] = strikes
+            if strikes >= _SLOW_STRIKES:
+                self._strikes[url] = 0
+                self._slow_until[url] = time.monotonic() + _SLOW_REST_S
+                self.generation += 1
+                log.warning("cache node %s lost %d hedges in a row: resting it for %g s", url, strikes, _SLOW_REST_S)
 
     def _down(self, url: str) -> None:
         with self._lock:
@@ -208,6 +250,7 @@ class Fleet:
         done, _ = wait([primary], timeout=p95)
         if done:
             self._latencies.append(time.perf_counter() - start)
+            self._struck(url, lost=False)
             return primary.result()
         assert backup is not None
         self._hedged.add(1)
@@ -219,6 +262,7 @@ class Fleet:
             for f in done:
                 error = f.exception()
                 if error is None:
+                    self._struck(url, lost=f is not primary)
                     return f.result()
                 failure = error
                 if not isinstance(error, _NoAnswer):
@@ -323,11 +367,12 @@ class Fleet:
                 return {}
 
         urls = [m.url for m in self.members()]
-        return dict(zip(urls, self._hedges.map(one, urls), strict=True))
+        return dict(zip(urls, self._checks.map(one, urls), strict=True))
 
     def close(self) -> None:
         self._stop.set()
         self._calls.shutdown(wait=False, cancel_futures=True)
+        self._checks.shutdown(wait=False, cancel_futures=True)
         self._hedges.shutdown(wait=False, cancel_futures=True)
         self._http.clear()
 
