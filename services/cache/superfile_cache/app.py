@@ -65,6 +65,17 @@ class CacheNode:
             cache_budget_bytes=settings.disk_budget_bytes,
             cache_memory_bytes=settings.memory_budget_bytes,
         )
+        # hedged requests for superfiles this node does not own: ranged reads of what the work needs, no copies
+        # kept (the cache directory is shared, so a copy already here is still used)
+        self.passing = Connection(
+            settings.uri,
+            cache_dir=settings.cache_dir,
+            cache_budget_bytes=settings.disk_budget_bytes,
+            cache_memory_bytes=settings.memory_budget_bytes,
+            verify_checksums=False,
+        )
+        if self.passing.disk_cache is not None:
+            self.passing.disk_cache.prefetch = False
         self._token = settings.token.encode()
         self._warming = ThreadPoolExecutor(2, thread_name_prefix="superfile-warm")
         self._queued: set[tuple[str, str]] = set()
@@ -102,7 +113,8 @@ class CacheNode:
         request = LeafRequest.from_json(parsed)
         start = time.perf_counter()
         try:
-            return run(self.db.snapshot(request.table, request.manifest), request)
+            db = self.passing if request.transient else self.db
+            return run(db.snapshot(request.table, request.manifest), request)
         finally:
             self.leaf_seconds.record(time.perf_counter() - start, {"op": request.op})
             self.served += 1
@@ -143,7 +155,8 @@ class CacheNode:
             "cache_bytes": used,
             "cache_budget_bytes": cache.budget_bytes if cache is not None else 0,
             "downloads": downloads,
-            "downloaded_bytes": cache.fetched_bytes + cache.ranged_bytes if cache is not None else 0,
+            "downloaded_bytes": (cache.fetched_bytes + cache.ranged_bytes if cache is not None else 0)
+            + (self.passing.disk_cache.ranged_bytes if self.passing.disk_cache is not None else 0),
             "hits": hits,
             "hit_ratio": hits / (hits + downloads) if hits + downloads else 1.0,
             "leaf_requests": self.served,
@@ -159,6 +172,7 @@ class CacheNode:
     def close(self) -> None:
         self._warming.shutdown(wait=False, cancel_futures=True)
         self.db.close()
+        self.passing.close()
 
 
 class _Unauthorized(Exception):

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -255,7 +255,9 @@ class Fleet:
         assert backup is not None
         self._hedged.add(1)
         self._latencies.append(p95)
-        pending: set[Future[Any]] = {primary, self._hedges.submit(self._ask, backup, request, deadline)}
+        # the backup owns none of the share: it reads what the work needs and keeps no copies
+        hedge = replace(request, transient=True)
+        pending: set[Future[Any]] = {primary, self._hedges.submit(self._ask, backup, hedge, deadline)}
         failure: BaseException | None = None
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)

@@ -41,6 +41,8 @@ class LeafRequest:
     superfiles: tuple[str, ...]
     op: str
     args: Mapping[str, Any] = field(default_factory=dict)
+    # a hedge to a node that does not own these superfiles: read what the work needs, keep no copies
+    transient: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +51,7 @@ class LeafRequest:
             "superfiles": list(self.superfiles),
             "op": self.op,
             "args": dict(self.args),
+            "transient": self.transient,
         }
 
     @classmethod
@@ -63,7 +66,10 @@ class LeafRequest:
             raise InvalidInputError(f"unknown leaf op {body['op']!r}; one of {sorted(OPS)}")
         if not all(isinstance(p, str) for p in body["superfiles"]):
             raise InvalidInputError("superfiles must be a list of paths")
-        return cls(body["table"], body["manifest"], tuple(body["superfiles"]), body["op"], body["args"])
+        transient = body.get("transient", False)
+        if not isinstance(transient, bool):
+            raise InvalidInputError("transient must be a boolean")
+        return cls(body["table"], body["manifest"], tuple(body["superfiles"]), body["op"], body["args"], transient)
 
 
 def _arg(args: Mapping[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:

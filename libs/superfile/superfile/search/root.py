@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from superfile._lru import LRU
 from superfile.errors import QueryLimitError
 from superfile.schema import ID, SCORE
 from superfile.search.fleet import Fleet
@@ -24,6 +25,10 @@ from superfile.table.search import Searcher
 from superfile.table.snapshot import Snapshot
 
 __all__ = ["RootSearcher"]
+
+_term_cache = LRU(64)  # storage URI # manifest path # column -> {term: table-wide df, _DELETED: deleted length}
+_DELETED = "\x00deleted"  # not a term: analysers never emit a NUL
+_TERMS_PER_MANIFEST = 100_000
 
 _ORDER: dict[str, list[tuple[str, Literal["ascending", "descending"]]]] = {
     "best": [(SCORE, "descending"), (ID, "ascending")],  # BM25: higher is better
@@ -70,12 +75,8 @@ class RootSearcher(Searcher):
         candidates = self._term_candidates(column, terms, mode) if terms else []
         if not terms:
             return self._result([], k, True, projection)
-        # statistics: df over every superfile that may hold a term, deleted lengths over every one with deletes
-        holders = {e.path for e in self._term_candidates(column, terms, "any")}
-        holders |= {e.path for e in self.snap.entries() if e.deletes is not None}
-        shares = self._fan(sorted(holders), "bm25_stats", {"column": column, "terms": terms})
-        df = [sum(int(s["df"][i]) for s in shares) for i in range(len(terms))]
-        corpus = self.corpus_of(column, terms, df, sum(int(s["deleted_tokens"]) for s in shares))
+        df, deleted_tokens = self._term_stats(column, terms)
+        corpus = self.corpus_of(column, terms, df, deleted_tokens)
         if mode == "all" and min(df, default=0) == 0:
             candidates = []
         args = {
@@ -90,6 +91,26 @@ class RootSearcher(Searcher):
         }
         answers = self._fan([e.path for e in candidates], "bm25", args)
         return self._merge(answers, k, "best", projection, self._searched(answers))
+
+    def _term_stats(self, column: str, terms: list[str]) -> tuple[list[int], int]:
+        """The table-wide df of each term and the deleted rows' length: from this manifest's cache where a
+        term was asked before, else one round of leaf calls (df over every superfile that may hold a new term,
+        deleted lengths over every one with deletes). A manifest never changes, so neither do its answers:
+        a repeated term costs a search one round trip less."""
+        key = f"{self.snap.files.storage.uri}#{self.snap.path}#{column}"
+        known: dict[str, int] = _term_cache.get_or_load(key, dict)[0]
+        found = {t: known[t] for t in [*terms, _DELETED] if t in known}
+        new = [t for t in terms if t not in found]
+        if new or _DELETED not in found:
+            holders = {e.path for e in self._term_candidates(column, new, "any")} if new else set()
+            holders |= {e.path for e in self.snap.entries() if e.deletes is not None}
+            shares = self._fan(sorted(holders), "bm25_stats", {"column": column, "terms": new})
+            for i, term in enumerate(new):
+                found[term] = sum(int(s["df"][i]) for s in shares)
+            found[_DELETED] = sum(int(s["deleted_tokens"]) for s in shares)
+            if len(known) < _TERMS_PER_MANIFEST:  # a bound on one manifest's cache; past it, terms are asked anew
+                known.update(found)
+        return [found[t] for t in terms], found[_DELETED]
 
     def prefix_terms(self, column: str, p: str) -> dict[str, int]:
         counts: dict[str, int] = {}
