@@ -16,6 +16,7 @@ See docs/query.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -100,7 +101,7 @@ class Fleet:
         self._hedges = ThreadPoolExecutor(64, thread_name_prefix="superfile-hedge")
         self._checks = ThreadPoolExecutor(8, thread_name_prefix="superfile-fleet-check")
         self._strikes: dict[str, int] = {}  # per node: hedges in a row that another node won
-        self._slow_until: dict[str, float] = {}  # nodes left out of placement for being slow, until then
+        self._slow_until: dict[str, float] = {}  # nodes resting for being slow, until then (they keep their share)
         self._names: dict[str, str] = {}  # address -> the name it resolves back to (a pod's stable DNS name)
         m = meter("superfile.query")
         self._leaf_seconds = seconds_histogram(m, "superfile.query.leaf.duration", "Leaf request latency by op")
@@ -172,25 +173,25 @@ class Fleet:
             return [Member(m.url, m.healthy) for m in self._members.values()]
 
     def _live(self) -> list[str]:
-        """Healthy members not resting for slowness; failing that the healthy ones; failing that all (a read
-        tries them anyway rather than fail at once)."""
+        """Healthy members; failing that all (a read tries them anyway rather than fail at once)."""
         members = self.members()
         healthy = [m.url for m in members if m.healthy]
-        now = time.monotonic()
-        fast = [u for u in healthy if self._slow_until.get(u, 0.0) <= now]
-        return fast or healthy or [m.url for m in members]
+        return healthy or [m.url for m in members]
+
+    def _resting(self, url: str) -> bool:
+        return self._slow_until.get(url, 0.0) > time.monotonic()
 
     def _struck(self, url: str, lost: bool) -> None:
         """A hedge against ``url`` was won by another node (``lost``), or ``url`` answered in time. Three lost
-        in a row rest it from placement for ``_SLOW_REST_S``: its share moves to the next nodes instead of
-        being hedged, and a call that holds a thread, on every read."""
+        in a row rest it for ``_SLOW_REST_S``: it keeps its share (placement does not move, nothing is copied),
+        but reads send that share straight to the next node as a transient call instead of costing each read
+        a hedge and a thread held until the slow answer comes."""
         with self._lock:
             strikes = self._strikes.get(url, 0) + 1 if lost else 0
             self._strikes[url] = strikes
             if strikes >= _SLOW_STRIKES:
                 self._strikes[url] = 0
                 self._slow_until[url] = time.monotonic() + _SLOW_REST_S
-                self.generation += 1
                 log.warning("cache node %s lost %d hedges in a row: resting it for %g s", url, strikes, _SLOW_REST_S)
 
     def _down(self, url: str) -> None:
@@ -289,6 +290,9 @@ class Fleet:
         others = [u for u in self._live() if u not in tried]
         backup = rank(paths[0], others)[0] if others else None
         try:
+            if backup is not None and self._resting(url) and not self._resting(backup):
+                with contextlib.suppress(_NoAnswer):  # else the owner, slow as it is
+                    return [self._ask(backup, replace(request, transient=True), deadline)]
             return [self._first(url, backup, request, deadline)]
         except _NoAnswer as e:
             self._down(url)
