@@ -83,8 +83,7 @@ class Warmer:
             snap = self._gateway.table(name).snapshot()
             seen = (snap.path, self._fleet.generation)
             if self._warmed.get(name) != seen:
-                self.paths[name] = [e.path for e in snap.entries()]
-                self._fleet.warm(snap)
+                self.paths[name] = self._fleet.warm(snap)
                 self._warmed[name] = seen
         for gone in set(self.paths) - set(names):
             self.paths.pop(gone, None)

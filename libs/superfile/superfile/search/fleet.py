@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
@@ -322,9 +322,10 @@ class Fleet:
         if not groups:
             raise CacheNodeUnavailableError("the query service knows no cache node")
         self._width.record(len(groups))
-        one: Callable[[tuple[str, list[str]]], list[Any]] = lambda g: self._share(  # noqa: E731
-            snap, g[0], g[1], op, args, frozenset({g[0]}), deadline
-        )
+
+        def one(group: tuple[str, list[str]]) -> list[Any]:
+            return self._share(snap, group[0], group[1], op, args, frozenset({group[0]}), deadline)
+
         if len(groups) == 1:
             return one(groups[0])
         return [answer for answers in self._calls.map(one, groups) for answer in answers]
@@ -347,20 +348,18 @@ class Fleet:
         return sum(int(a["count"]) for a in answers)
 
     # -- the cluster's view -----------------------------------------------------------------
-    def warm(self, snap: Snapshot) -> int:
-        """Ask each live node to fetch the superfiles of ``snap`` it owns (warm on commit); how many were sent."""
+    def warm(self, snap: Snapshot) -> list[str]:
+        """Ask each live node to fetch the superfiles of ``snap`` it owns (warm on commit); the superfiles."""
         sizes = {e.path: e.size for e in snap.entries()}
-        sent = 0
         for url, share in self.placement(list(sizes)).items():
             if not share:
                 continue
             body = {"table": snap.files.name, "superfiles": [[p, sizes[p]] for p in share]}
             try:
                 self._http.request("POST", f"{url}/v1/prefetch", body=json.dumps(body).encode(), timeout=5.0)
-                sent += len(share)
             except urllib3.exceptions.HTTPError as e:
                 log.warning("prefetch on %s failed: %s", url, e)
-        return sent
+        return list(sizes)
 
     def node_stats(self) -> dict[str, dict[str, Any]]:
         """Each member's own account of its cache (``GET /v1/stats``); empty for a node that does not answer."""

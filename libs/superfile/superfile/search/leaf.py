@@ -26,9 +26,8 @@ from superfile.table.snapshot import Snapshot
 
 __all__ = ["OPS", "PARTS", "LeafRequest", "run"]
 
-# work that answers a table (Arrow IPC) and work that answers statistics (JSON)
-TABLE_OPS = frozenset({"bm25", "token_match", "exact_match", "vector", "scan"})
-OPS = TABLE_OPS | {"bm25_stats", "prefix_terms", "count"}
+# the first five answer a table (Arrow IPC), the other three statistics (JSON)
+OPS = frozenset({"bm25", "token_match", "exact_match", "vector", "scan", "bm25_stats", "prefix_terms", "count"})
 PARTS = "superfile.parts"  # a scan's schema metadata: [[superfile path, rows], ...] in the order of its rows
 
 

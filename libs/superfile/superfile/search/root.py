@@ -18,10 +18,9 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from superfile._lru import LRU
-from superfile.errors import QueryLimitError
 from superfile.schema import ID, SCORE
 from superfile.search.fleet import Fleet
-from superfile.table.search import Searcher
+from superfile.table.search import Searcher, check_row_limit
 from superfile.table.snapshot import Snapshot
 
 __all__ = ["RootSearcher"]
@@ -72,9 +71,9 @@ class RootSearcher(Searcher):
     # -- full-text ------------------------------------------------------------------
     def bm25(self, column: str, terms: list[str], k: int, mode: str, projection: Sequence[str] | None) -> pa.Table:
         terms = list(dict.fromkeys(terms))
-        candidates = self._term_candidates(column, terms, mode) if terms else []
         if not terms:
             return self._result([], k, True, projection)
+        candidates = self._term_candidates(column, terms, mode)
         df, deleted_tokens = self._term_stats(column, terms)
         corpus = self.corpus_of(column, terms, df, deleted_tokens)
         if mode == "all" and min(df, default=0) == 0:
@@ -148,9 +147,7 @@ class RootSearcher(Searcher):
         max_rows: int | None,
     ) -> pa.Table:
         answers = self._fan([e.path for e in candidates], op, args)
-        found = sum(t.num_rows for t in answers)
-        if max_rows is not None and found > max_rows:
-            raise QueryLimitError(f"{found} rows match, more than the limit of {max_rows}: narrow the match")
+        check_row_limit(sum(t.num_rows for t in answers), max_rows)
         return self._merge(answers, None, "id", projection, self._searched(answers))
 
     # -- vectors ----------------------------------------------------------------------

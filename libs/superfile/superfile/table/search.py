@@ -46,7 +46,7 @@ from superfile.pools import query_pool
 from superfile.schema import ID, SCORE
 from superfile.table.snapshot import Snapshot
 
-__all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "rrf_fuse", "top_terms"]
+__all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "check_row_limit", "rrf_fuse", "top_terms"]
 
 log = logging.getLogger(__name__)
 
@@ -310,12 +310,12 @@ class Searcher:
         key = f"{self.snap.files.storage.uri}#{entry.path}#{column}"
         return _deleted_text.get(key, self.snap.deleted(entry), analyse)
 
-    def _corpus_stats(self, column: str, terms: list[str]) -> CorpusStats:
+    def _corpus_stats(self, column: str, terms: list[str], holders: list[SuperfileEntry]) -> CorpusStats:
         """Table-wide BM25 statistics over the live rows: N and total length from the manifest, df from the
         files that may hold a term (a pruned file's bloom filter proved df = 0 there), minus what deleted rows
         add to them. Deleted rows thus never change a score: a search ranks the same before and after the
         deletion vectors are compacted away."""
-        df, deleted_tokens = self.term_stats(column, terms)
+        df, deleted_tokens = self.term_stats(column, terms, holders)
         return self.corpus_of(column, terms, df, deleted_tokens)
 
     def corpus_of(self, column: str, terms: list[str], df: Sequence[int], deleted_tokens: int) -> CorpusStats:
@@ -325,9 +325,12 @@ class Searcher:
         total_tokens = sum(e.fts_tokens.get(column, 0) for e in entries) - deleted_tokens
         return CorpusStats(num_docs, total_tokens, dict(zip(terms, [int(n) for n in df], strict=True)))
 
-    def term_stats(self, column: str, terms: list[str]) -> tuple[list[int], int]:
-        """This snapshot's share of the BM25 statistics: per term, the live rows holding it, and the analysed
-        length of its deleted rows. A query root sums the shares its leaves report."""
+    def term_stats(
+        self, column: str, terms: list[str], holders: list[SuperfileEntry] | None = None
+    ) -> tuple[list[int], int]:
+        """This snapshot's share of the BM25 statistics: per term, the live rows holding it (over ``holders``,
+        the superfiles that may hold any term, found here if not given), and the analysed length of its
+        deleted rows. A query root sums the shares its leaves report."""
         entries = self.snap.entries()
         with_deletes = [e for e in entries if e.deletes is not None]
         deleted = dict(
@@ -344,7 +347,9 @@ class Searcher:
             return [fts.doc_freq(t) - gone.get(t, 0) for t in terms]
 
         df = np.zeros(len(terms), np.int64)
-        for row in self.snap.each(freqs, self._term_candidates(column, terms, "any")):
+        if holders is None:
+            holders = self._term_candidates(column, terms, "any")
+        for row in self.snap.each(freqs, holders):
             df += np.asarray(row, np.int64)
         return df.tolist(), sum(d.tokens for d in deleted.values())
 
@@ -392,7 +397,11 @@ class Searcher:
             hits = [_Hits(entries[i], rows, scores) for i, rows, scores in union.top(terms, k, mode)]
             return self._result(hits, k, True, projection)
         # df counts every superfile holding the term: in mode "all" that is more than those holding them all
-        stats = self.corpus if self.corpus is not None else self._corpus_stats(column, terms)
+        if self.corpus is not None:
+            stats = self.corpus
+        else:
+            holders = candidates if mode == "any" else self._term_candidates(column, terms, "any")
+            stats = self._corpus_stats(column, terms, holders)
         if mode == "all" and min(stats.doc_freq.values(), default=0) == 0:
             candidates = []
 
@@ -516,9 +525,7 @@ class Searcher:
 
     def _unranked(self, hits: list[_Hits], projection: Sequence[str] | None, max_rows: int | None) -> pa.Table:
         """Every hit as a row, unless there are more than ``max_rows`` (counted before any row is read)."""
-        found = sum(len(h.offsets) for h in hits)
-        if max_rows is not None and found > max_rows:
-            raise QueryLimitError(f"{found} rows match, more than the limit of {max_rows}: narrow the match")
+        check_row_limit(sum(len(h.offsets) for h in hits), max_rows)
         return self._result(hits, None, True, projection)
 
     # -- vectors -----------------------------------------------------------------------
@@ -692,6 +699,12 @@ class Searcher:
         return pa.Table.from_arrays(
             arrays, schema=pa.schema(fields, metadata={"superfile.version": str(self.snap.version)})
         )
+
+
+def check_row_limit(found: int, max_rows: int | None) -> None:
+    """An unranked match of more than ``max_rows`` rows is refused before any row is read."""
+    if max_rows is not None and found > max_rows:
+        raise QueryLimitError(f"{found} rows match, more than the limit of {max_rows}: narrow the match")
 
 
 def top_terms(counts: Mapping[str, int]) -> list[str]:
