@@ -17,7 +17,8 @@ import superfile.format.fulltext as fulltext
 import tantivy
 from superfile.errors import InvalidOptionError
 from superfile.format import SuperfileReader, SuperfileSpec, build_superfile
-from superfile.format.fulltext import FIELDNORMS, CorpusStats, FullTextIndex, fieldnorm_id
+from superfile.format.fulltext import CorpusStats, FullTextIndex
+from superfile.format.tantivy_files import FIELDNORMS, fieldnorm_id
 
 DATA = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield"
 SPEC = SuperfileSpec(fts_columns={"text": "english"}, vector_columns={})

@@ -1,9 +1,9 @@
 """Full-text index blobs: one tantivy index per text column, packed into one blob of a superfile.
 
 Tantivy only opens indexes from a directory, so a blob is a tiny archive of the
-index files. Readers extract it once into a cache directory (atomically: temp
-dir + rename, so concurrent threads and processes never see half an index) and
-reuse the extraction afterwards.
+index files (:mod:`superfile.format.archive`), extracted once into a cache
+directory and reused afterwards. What this module reads from tantivy's own
+files (the norms) is parsed by :mod:`superfile.format.tantivy_files`.
 
 Inside each index (one per column) there are three fields:
 
@@ -25,7 +25,6 @@ statistics (see "Table-wide BM25" in ``docs/format.md``).
 from __future__ import annotations
 
 import array
-import contextlib
 import hashlib
 import json
 import math
@@ -44,9 +43,10 @@ import pyroaring
 import tantivy
 
 from superfile.errors import CorruptSuperfileError, InvalidOptionError
+from superfile.format import archive
+from superfile.format.tantivy_files import FIELDNORMS, field_norms, live_files
 
 __all__ = [
-    "FIELDNORMS",
     "TOKENIZERS",
     "Candidates",
     "CorpusStats",
@@ -54,7 +54,6 @@ __all__ = [
     "FullTextIndex",
     "analyzer_name",
     "build_fulltext",
-    "fieldnorm_id",
     "global_top_k",
     "make_analyzer",
     "value_hash",
@@ -67,42 +66,17 @@ TEXT_FIELD = "text"
 HASH_FIELD = "_h_text"
 INDEX_OPTION = "freq"  # BM25 needs term frequencies and field norms; no phrase queries, so no positions
 _WRITER_HEAP = 128_000_000  # per superfile build; above it tantivy flushes another segment (still correct)
-_PACK_MAGIC = b"SFTANTV1"
-_PACK_HEAD = struct.Struct("<8sI")
-_PACK_ENTRY = struct.Struct("<HQ")
 _SMALL_ALLOW = 16_384  # allow-lists up to this size are pushed into the query as a term set
 _MODES = {"any": False, "or": False, "all": True, "and": True}  # value: every term required
 _NORMS_FILE = "superfile-norms"  # our own entry in the packed archive; never extracted next to tantivy's files
 _NORMS_HEAD = struct.Struct("<8sQQ")  # magic, row count, exact token total; then one u8 fieldnorm id per row
 _NORMS_MAGIC = b"SFNORMS1"
-_TANTIVY_TAIL = struct.Struct("<II")  # every tantivy file ends with a JSON footer, its u32 length and u32 1337
-_TANTIVY_MAGIC = 1337
 _K1, _B = 1.2, 0.75  # tantivy's BM25 constants
 _SLACK = 1e-4  # relative margin on every score bound: covers tantivy's float32 arithmetic many times over
 _ROUNDING = 2.0**-20  # relative error bound of a tantivy score as we recompute it (float32: 2^-24 per operation)
 _FIRST_EXTRA = 32  # search_global reads k + this many candidates first, then 4x as many per round
 _ROW_DISJUNCTION = 512  # up to this many rows, a row filter is a union of _row terms, else a term set
 _FULL_POSTINGS = 6  # a term's scores come from all its postings if df <= this * candidates (else restricted)
-
-
-def _fieldnorm_table() -> np.ndarray:
-    """Length of every u8 fieldnorm id, as tantivy decodes it (Lucene's ``SmallFloat.byte4ToInt``).
-
-    Ids 0..40 are exact lengths; above, lengths keep 4 significant bits (42, 44, ..., 56, 60, ...).
-    """
-    out = np.empty(256, np.int64)
-    for i in range(256):
-        j = i - 24
-        out[i] = i if j < 0 else 24 + (j & 7 if j < 8 else ((j & 7) | 8) << ((j >> 3) - 1))
-    return out
-
-
-FIELDNORMS = _fieldnorm_table()  # fieldnorm id -> the document length BM25 uses (tantivy's quantisation)
-
-
-def fieldnorm_id(length: int) -> int:
-    """The fieldnorm id tantivy stores for a document of ``length`` analysed tokens (rounded down)."""
-    return int(np.searchsorted(FIELDNORMS, length, side="right")) - 1
 
 
 def make_analyzer(tokenizer: str) -> tantivy.TextAnalyzer:
@@ -191,83 +165,18 @@ class _Norms:
         return int(FIELDNORMS[int(self.ids.max())]) if len(self.ids) else 0
 
 
-def _read_vint(buf: bytes, pos: int) -> tuple[int, int]:
-    """Tantivy's VInt: 7 bits per byte, least significant first, high bit set on the last byte."""
-    value = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ValueError("truncated VInt")
-        b = buf[pos]
-        value |= (b & 0x7F) << shift
-        pos += 1
-        if b & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _composite_section(data: bytes, field: int) -> bytes | None:
-    """One field's bytes in a tantivy per-field ("composite") file such as ``.fieldnorm`` or ``.idx``.
-
-    Layout: field sections, then VInt count and per section (VInt offset delta,
-    u32 field, VInt index), u32 length of that table, then tantivy's file footer.
-    None when the file has no section for the field.
-    """
-    if len(data) < _TANTIVY_TAIL.size:
-        raise ValueError("file too short")
-    json_len, magic = _TANTIVY_TAIL.unpack_from(data, len(data) - _TANTIVY_TAIL.size)
-    body_end = len(data) - _TANTIVY_TAIL.size - json_len
-    if magic != _TANTIVY_MAGIC or body_end < 4:
-        raise ValueError("no tantivy footer")
-    (table_len,) = struct.unpack_from("<I", data, body_end - 4)
-    table_start = body_end - 4 - table_len
-    if table_start < 0:
-        raise ValueError("bad composite table length")
-    table = data[table_start : body_end - 4]
-    count, pos = _read_vint(table, 0)
-    starts, keys, offset = [], [], 0
-    for _ in range(count):
-        delta, pos = _read_vint(table, pos)
-        offset += delta
-        (f,) = struct.unpack_from("<I", table, pos)
-        idx, pos = _read_vint(table, pos + 4)
-        starts.append(offset)
-        keys.append((f, idx))
-    starts.append(table_start)
-    for i, key in enumerate(keys):
-        if key == (field, 0):
-            if not 0 <= starts[i] <= starts[i + 1] <= table_start:
-                raise ValueError("bad composite offsets")
-            return data[starts[i] : starts[i + 1]]
-    return None
-
-
 def _decode_norms(directory: str, searcher: tantivy.Searcher) -> _Norms:
-    """Fieldnorm id per row and the exact token total, read from tantivy's ``.fieldnorm`` and ``.idx`` files.
-
-    ``.fieldnorm`` holds one u8 per document and field; the field's section of
-    ``.idx`` (its postings) starts with the u64 token total tantivy divides by
-    N for avgdl. Segment documents map to rows through the ``_row`` fast field.
-    Raises ValueError if the files are not laid out as expected.
+    """Fieldnorm id per row and the exact token total, read from tantivy's files (see
+    :func:`~superfile.format.tantivy_files.field_norms`). Segment documents map to rows through the ``_row``
+    fast field. Raises ValueError if the files are not laid out as expected.
     """
-    with open(os.path.join(directory, "meta.json"), "rb") as fh:
-        meta = json.load(fh)
-    field = next(i for i, f in enumerate(meta["schema"]) if f["name"] == TEXT_FIELD)
     ids = np.zeros(searcher.num_docs, np.uint8)
     total = 0
-    for ordinal, segment in enumerate(meta["segments"]):
-        if segment.get("deletes"):
-            raise ValueError("segment with deletes")
-        name, max_doc = segment["segment_id"].replace("-", ""), int(segment["max_doc"])
-        with open(os.path.join(directory, f"{name}.fieldnorm"), "rb") as fh:
-            norms = _composite_section(fh.read(), field)
-        with open(os.path.join(directory, f"{name}.idx"), "rb") as fh:
-            postings = _composite_section(fh.read(), field)
-        if norms is None or len(norms) != max_doc:
-            raise ValueError(f"fieldnorms of segment {name} do not cover its {max_doc} documents")
-        total += struct.unpack_from("<Q", postings, 0)[0] if postings else 0
-        docs = [tantivy.DocAddress(ordinal, d) for d in range(max_doc)]
+    for ordinal, segment in enumerate(field_norms(directory, TEXT_FIELD)):
+        total += segment.total_tokens
+        docs = [tantivy.DocAddress(ordinal, d) for d in range(segment.max_doc)]
         rows = np.asarray(searcher.fast_field_values(ROW_FIELD, docs), np.int64)
-        ids[rows] = np.frombuffer(norms, np.uint8)
+        ids[rows] = np.frombuffer(segment.fieldnorms, np.uint8)
     return _Norms(ids, total)
 
 
@@ -326,107 +235,14 @@ def build_fulltext(values: pa.Array | pa.ChunkedArray, tokenizer: str, *, work_d
         except (ValueError, KeyError, StopIteration, struct.error) as e:
             version = getattr(tantivy, "__version__", "tantivy")
             raise RuntimeError(f"{version}: its fieldnorms are not laid out as expected ({e})") from None
-        blob = _pack(tmp, {_NORMS_FILE: norms.pack()})
+        files = []
+        for name in live_files(tmp):
+            with open(os.path.join(tmp, name), "rb") as fh:
+                files.append((name, fh.read()))
+        blob = archive.pack([*files, (_NORMS_FILE, norms.pack())])
         return FullTextBlob(blob, terms, fti.num_docs, fti.avg_len, norms.total_tokens)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _pack(directory: str, extra: Mapping[str, bytes] | None = None) -> bytes:
-    """The live files of a committed index (meta.json + its segments' files) plus ``extra`` entries
-    (name -> contents) as one archive blob.
-
-    Layout (little-endian): magic ``SFTANTV1``, u32 file count, then per file
-    u16 name length, name (UTF-8), u64 size; then the file contents in that order.
-    """
-    with open(os.path.join(directory, "meta.json"), "rb") as fh:
-        meta = json.load(fh)
-    live = {s["segment_id"].replace("-", "") for s in meta["segments"]}
-    names = sorted(n for n in os.listdir(directory) if n == "meta.json" or n.split(".", 1)[0] in live)
-    contents = []
-    for n in names:
-        with open(os.path.join(directory, n), "rb") as fh:
-            contents.append(fh.read())
-    for n, c in sorted((extra or {}).items()):
-        names.append(n)
-        contents.append(c)
-    head = [_PACK_HEAD.pack(_PACK_MAGIC, len(names))]
-    for n, c in zip(names, contents, strict=True):
-        raw = n.encode()
-        head.append(_PACK_ENTRY.pack(len(raw), len(c)) + raw)
-    return b"".join(head + contents)
-
-
-def _unpack_directory(blob: memoryview) -> list[tuple[str, int, int]]:
-    """(name, start, size) of every file in a packed blob; raises ValueError on a malformed archive."""
-    if len(blob) < _PACK_HEAD.size:
-        raise ValueError("full-text blob too short")
-    magic, count = _PACK_HEAD.unpack_from(blob, 0)
-    if magic != _PACK_MAGIC:
-        raise ValueError("full-text blob has a bad magic number")
-    pos, entries = _PACK_HEAD.size, []
-    for _ in range(count):
-        if pos + _PACK_ENTRY.size > len(blob):
-            raise ValueError("full-text blob directory is truncated")
-        name_len, size = _PACK_ENTRY.unpack_from(blob, pos)
-        name = bytes(blob[pos + _PACK_ENTRY.size : pos + _PACK_ENTRY.size + name_len]).decode("utf-8", "replace")
-        pos += _PACK_ENTRY.size + name_len
-        if not name or "/" in name or "\\" in name or name.startswith("."):
-            raise ValueError(f"full-text blob names an unsafe file {name!r}")
-        entries.append((name, size))
-    files, start = [], pos
-    for name, size in entries:
-        files.append((name, start, size))
-        start += size
-    if start != len(blob):
-        raise ValueError(f"full-text blob holds {len(blob)} bytes, its directory describes {start}")
-    return files
-
-
-def _extract(blob: memoryview, path: str, source: str) -> list[tuple[str, int, int]]:
-    """Extract ``blob`` to ``path`` unless a complete extraction is already there.
-
-    Files are written to a temporary sibling directory that is renamed into
-    place, so nobody ever opens half an index. An incomplete directory at
-    ``path`` (left by a crash before the data reached the disk) is moved aside
-    and replaced; a complete one is never touched. Returns the archive's directory
-    (including entries such as ``superfile-norms`` that are not extracted).
-    """
-    try:
-        everything = _unpack_directory(blob)
-    except ValueError as e:
-        raise CorruptSuperfileError(source, str(e)) from None
-    files = [f for f in everything if f[0] != _NORMS_FILE]
-    if _complete(path, files):
-        return everything
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
-    try:
-        for name, start, size in files:
-            with open(os.path.join(tmp, name), "wb") as fh:
-                fh.write(blob[start : start + size])
-        if os.path.isdir(path) and not _complete(path, files):
-            stale = tempfile.mkdtemp(prefix=".stale-", dir=parent)
-            with contextlib.suppress(OSError):  # another extractor may have moved it first
-                os.rename(path, os.path.join(stale, "index"))
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.rename(tmp, path)
-        except OSError:
-            if not _complete(path, files):  # losing the race to a complete extraction is fine
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return everything
-
-
-def _complete(path: str, files: list[tuple[str, int, int]]) -> bool:
-    """Whether ``path`` holds every file of the archive at its full size (cheap: stat calls only)."""
-    try:
-        return all(os.path.getsize(os.path.join(path, n)) == size for n, _, size in files)
-    except OSError:
-        return False
 
 
 class FullTextIndex:
@@ -466,7 +282,7 @@ class FullTextIndex:
 
         ``source`` names the file in errors.
         """
-        files = _extract(blob, path, source)
+        files = archive.extract(blob, path, source, skip=(_NORMS_FILE,))
         norms = None
         try:
             for name, start, size in files:

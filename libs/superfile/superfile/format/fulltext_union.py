@@ -37,6 +37,7 @@ import numpy as np
 import tantivy
 
 from superfile.format.fulltext import ROW_FIELD, TEXT_FIELD, FullTextIndex, analyzer_name, make_analyzer
+from superfile.format.tantivy_files import read_meta, segment_files
 
 __all__ = ["UnionIndex", "union_of"]
 
@@ -94,8 +95,7 @@ def union_of(parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool) -
     metas = []
     for part in parts:
         assert part.directory is not None
-        with open(os.path.join(part.directory, "meta.json"), "rb") as fh:
-            metas.append(json.load(fh))
+        metas.append(read_meta(part.directory))
     part_of = [i for i, meta in enumerate(metas) for _ in meta["segments"]]
     # A part built in several segments has them in meta.json order, which need not be row order.
     ordered = ordered and all(len(meta["segments"]) <= 1 for meta in metas)
@@ -124,10 +124,8 @@ def _link(parts: Sequence[FullTextIndex], metas: list[dict], path: str) -> None:
     try:
         for part, meta in zip(parts, metas, strict=True):
             assert part.directory is not None
-            segments = {s["segment_id"].replace("-", "") for s in meta["segments"]}
-            for name in os.listdir(part.directory):
-                if name.split(".", 1)[0] in segments:
-                    os.symlink(os.path.join(part.directory, name), os.path.join(tmp, name))
+            for name in segment_files(part.directory, meta):
+                os.symlink(os.path.join(part.directory, name), os.path.join(tmp, name))
         merged = {**metas[0], "segments": [s for meta in metas for s in meta["segments"]]}
         merged["opstamp"] = max(int(meta.get("opstamp", 0)) for meta in metas)
         with open(os.path.join(tmp, "meta.json"), "w") as fh:

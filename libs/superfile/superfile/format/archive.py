@@ -1,0 +1,115 @@
+"""The archive a full-text blob is: named files packed into one blob, and extracted back to a directory.
+
+Tantivy opens indexes only from a directory, so a full-text blob carries the
+index's files in a minimal archive (layout in "Full-text blobs" of
+``docs/format.md``). Readers extract it once into a cache directory
+atomically (temp dir + rename, so concurrent threads and processes never see
+half an index) and reuse the extraction afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import struct
+import tempfile
+from collections.abc import Collection, Iterable
+
+from superfile.errors import CorruptSuperfileError
+
+__all__ = ["extract", "pack", "read_directory"]
+
+_MAGIC = b"SFTANTV1"
+_HEAD = struct.Struct("<8sI")
+_ENTRY = struct.Struct("<HQ")
+
+
+def pack(files: Iterable[tuple[str, bytes]]) -> bytes:
+    """``files`` (name, contents), in this order, as one archive blob.
+
+    Layout (little-endian): magic ``SFTANTV1``, u32 file count, then per file
+    u16 name length, name (UTF-8), u64 size; then the file contents in that order.
+    """
+    names, contents = [], []
+    for n, c in files:
+        names.append(n)
+        contents.append(c)
+    head = [_HEAD.pack(_MAGIC, len(names))]
+    for n, c in zip(names, contents, strict=True):
+        raw = n.encode()
+        head.append(_ENTRY.pack(len(raw), len(c)) + raw)
+    return b"".join(head + contents)
+
+
+def read_directory(blob: memoryview) -> list[tuple[str, int, int]]:
+    """(name, start, size) of every file in a packed blob; raises ValueError on a malformed archive."""
+    if len(blob) < _HEAD.size:
+        raise ValueError("full-text blob too short")
+    magic, count = _HEAD.unpack_from(blob, 0)
+    if magic != _MAGIC:
+        raise ValueError("full-text blob has a bad magic number")
+    pos, entries = _HEAD.size, []
+    for _ in range(count):
+        if pos + _ENTRY.size > len(blob):
+            raise ValueError("full-text blob directory is truncated")
+        name_len, size = _ENTRY.unpack_from(blob, pos)
+        name = bytes(blob[pos + _ENTRY.size : pos + _ENTRY.size + name_len]).decode("utf-8", "replace")
+        pos += _ENTRY.size + name_len
+        if not name or "/" in name or "\\" in name or name.startswith("."):
+            raise ValueError(f"full-text blob names an unsafe file {name!r}")
+        entries.append((name, size))
+    files, start = [], pos
+    for name, size in entries:
+        files.append((name, start, size))
+        start += size
+    if start != len(blob):
+        raise ValueError(f"full-text blob holds {len(blob)} bytes, its directory describes {start}")
+    return files
+
+
+def extract(blob: memoryview, path: str, source: str, *, skip: Collection[str] = ()) -> list[tuple[str, int, int]]:
+    """Extract ``blob`` to ``path`` unless a complete extraction is already there.
+
+    Files are written to a temporary sibling directory that is renamed into
+    place, so nobody ever opens half an index. An incomplete directory at
+    ``path`` (left by a crash before the data reached the disk) is moved aside
+    and replaced; a complete one is never touched. Entries named in ``skip``
+    are not extracted. Returns the archive's directory (including the skipped
+    entries). ``source`` names the file in a :class:`CorruptSuperfileError`.
+    """
+    try:
+        everything = read_directory(blob)
+    except ValueError as e:
+        raise CorruptSuperfileError(source, str(e)) from None
+    files = [f for f in everything if f[0] not in skip]
+    if _complete(path, files):
+        return everything
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+    try:
+        for name, start, size in files:
+            with open(os.path.join(tmp, name), "wb") as fh:
+                fh.write(blob[start : start + size])
+        if os.path.isdir(path) and not _complete(path, files):
+            stale = tempfile.mkdtemp(prefix=".stale-", dir=parent)
+            with contextlib.suppress(OSError):  # another extractor may have moved it first
+                os.rename(path, os.path.join(stale, "index"))
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not _complete(path, files):  # losing the race to a complete extraction is fine
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return everything
+
+
+def _complete(path: str, files: list[tuple[str, int, int]]) -> bool:
+    """Whether ``path`` holds every file of the archive at its full size (cheap: stat calls only)."""
+    try:
+        return all(os.path.getsize(os.path.join(path, n)) == size for n, _, size in files)
+    except OSError:
+        return False
