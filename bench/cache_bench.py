@@ -116,7 +116,7 @@ def build(uri: str, lance_uri: str, endpoint: str, rows: int) -> int:
         lance.add(batch)
     lance.create_fts_index("text")
     lance.create_index(metric="cosine", vector_column_name="embedding", num_partitions=64, num_sub_vectors=48)
-    return sum(e.size for e in table._snapshot.entries())
+    return sum(e.size for e in table.last_snapshot.entries())
 
 
 def main() -> None:

@@ -350,7 +350,7 @@ class Bench:
         )
         self.stack.callback(self.gw_fanout.stop)
         self.writer = superfile.connect(self.uri, cache_budget_bytes=0).open_table(TABLE)
-        snap = self.writer._snapshot
+        snap = self.writer.last_snapshot
         self.superfiles = len(list(snap.entries()))
         self.wait_warm(lambda m: sum(x["superfiles"] for x in m) == self.superfiles)
         warm_s = time.perf_counter() - query_started

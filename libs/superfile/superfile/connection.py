@@ -8,7 +8,6 @@ import re
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
 from typing import Any
 
 import pyarrow as pa
@@ -29,49 +28,17 @@ from superfile.io.cache import DEFAULT_BUDGET_BYTES, DiskCache
 from superfile.maintenance import AutoMaintenance, MaintenancePolicy
 from superfile.manifest.model import FORMAT_VERSION, HistoryEntry, ManifestList, Pointer, now_ms
 from superfile.manifest.store import POINTER
-from superfile.options import PartitionSpec, TableOptions, VectorColumn
-from superfile.schema import table_schema, to_arrow_table
+from superfile.options import PartitionSpec
+from superfile.schema import table_schema
 from superfile.search.fleet import Fleet
 from superfile.table import Supertable
 from superfile.table.history import upgrade
 from superfile.table.snapshot import Snapshot, TableFiles
-from superfile.validate import check_name
+from superfile.validate import check_name, create_schema, table_options
 
 __all__ = ["Connection", "connect"]
 
 _MANIFEST_PATH = re.compile(r"_manifests/[0-9]{1,20}-[0-9a-f]{8,64}\.json")
-
-
-def _fts(fts_columns: Sequence[str] | Mapping[str, str], tokenizer: str | Mapping[str, str]) -> dict[str, str]:
-    if isinstance(fts_columns, Mapping):
-        return dict(fts_columns)
-    if isinstance(fts_columns, str):
-        fts_columns = [fts_columns]
-    if isinstance(tokenizer, Mapping):
-        return {c: tokenizer.get(c, "english") for c in fts_columns}
-    return dict.fromkeys(fts_columns, tokenizer)
-
-
-def _vectors(vector_columns: Mapping[str, Any] | None) -> dict[str, VectorColumn]:
-    out = {}
-    for name, spec in (vector_columns or {}).items():
-        if isinstance(spec, VectorColumn):
-            out[name] = spec
-        elif isinstance(spec, Mapping):
-            out[name] = VectorColumn(**spec)
-        elif isinstance(spec, int):
-            out[name] = VectorColumn(spec)
-        else:
-            raise InvalidOptionError(f"vector column {name!r}: give {{'dim': N, 'metric': ...}}, got {spec!r}")
-    return out
-
-
-def _partition(partition: str | Mapping[str, str] | PartitionSpec | None) -> PartitionSpec | None:
-    if partition is None or isinstance(partition, PartitionSpec):
-        return partition
-    if isinstance(partition, str):
-        return PartitionSpec(partition)
-    return PartitionSpec(**partition)
 
 
 class Connection:
@@ -173,19 +140,14 @@ class Connection:
     ) -> Supertable:
         """Create a table from a schema (or from ``data``, whose schema it takes and which it appends)."""
         check_name(name)
-        if schema is None:
-            if data is None:
-                raise InvalidOptionError("create_table needs a schema or data")
-            schema = to_arrow_table(data).schema
-        unknown = set(options) - {f.name for f in fields(TableOptions)}
-        if unknown:
-            raise InvalidOptionError(f"unknown table options: {sorted(unknown)}")
-        opts = TableOptions(
-            fts_columns=_fts(fts_columns, tokenizer),
-            vector_columns=_vectors(vector_columns),
-            partition=_partition(partition),
+        schema = create_schema(schema, data)
+        opts = table_options(
+            fts_columns=fts_columns,
+            vector_columns=vector_columns,
+            tokenizer=tokenizer,
+            partition=partition,
             consistency=consistency,
-            **options,
+            options=options,
         )
         full_schema = table_schema(schema, opts)
         files = self._table_files(name)

@@ -187,7 +187,7 @@ def _run(
     from superfile.connection import Connection
 
     table = Connection(uri, **connect_options).open_table(table_name)
-    if not policy.due(table._snapshot.entries(), table.options.max_rows_per_superfile):
+    if not policy.due(table.last_snapshot.entries(), table.options.max_rows_per_superfile):
         return None
     return optimize(table, policy.target_rows, select=policy.select, parallel=False)
 

@@ -346,7 +346,7 @@ class TablePipeline(threading.Thread):
         table = table or self._table
         if table is None:
             return []
-        snap = table._snapshot  # the handle's snapshot: its own last commit, no extra reads
+        snap = table.last_snapshot  # the handle's snapshot: its own last commit, no extra reads
         entries = snap.entries()
         with self._footprint_lock:
             if snap.version >= self._footprint_version:

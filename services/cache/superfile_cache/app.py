@@ -1,6 +1,6 @@
 """The cache node's HTTP API: leaf requests, warming, its own statistics, health and metrics.
 
-A query root sends ``POST /v1/leaf`` with a :class:`superfile.search.LeafRequest`
+A query root sends ``POST /v1/leaf`` with a :class:`superfile.search.leaf.LeafRequest`
 (a table, the manifest it pinned, this node's share of the superfiles and the
 work); the node runs it on its embedded connection, whose disk cache holds the
 superfiles it owns, and answers Arrow IPC (tables) or JSON (statistics).
@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from superfile import Connection
 from superfile.errors import InvalidInputError, SuperfileError
 from superfile.remote.wire import ARROW_STREAM, to_ipc
-from superfile.search import LeafRequest
+from superfile.search.leaf import LeafRequest
 from superfile.search.leaf import run
 from superfile.telemetry import CONTENT_TYPE, meter, render, seconds_histogram
 

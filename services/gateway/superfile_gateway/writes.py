@@ -24,7 +24,7 @@ from superfile.expressions import parse_predicate
 from superfile.remote.errors import PayloadTooLargeError, VisibilityTimeoutError
 from superfile.schema import coerce
 from superfile.table import Supertable
-from superfile.table.idempotency import check_key
+from superfile.validate import check_key
 
 __all__ = ["EmbeddedWrites", "LogWrites", "WritePath", "WriteResult", "wait_visible"]
 

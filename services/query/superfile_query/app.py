@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from superfile.errors import SuperfileError
 from superfile.remote.errors import AuthenticationError
-from superfile.search import Fleet
+from superfile.search.fleet import Fleet
 from superfile_gateway.app import Gateway
 from superfile_gateway.app import create_app as create_gateway_app
 from superfile_gateway.settings import Settings, parse_api_keys

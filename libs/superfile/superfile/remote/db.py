@@ -16,14 +16,18 @@ import pyarrow as pa
 import urllib3
 from urllib3.exceptions import HTTPError, MaxRetryError, NewConnectionError, TimeoutError
 
-from superfile.errors import InvalidInputError, InvalidOptionError, SuperfileError
-from superfile.options import PartitionSpec, TableOptions, VectorColumn
+from superfile.errors import InvalidOptionError, SuperfileError
+from superfile.options import PartitionSpec, TableOptions
 from superfile.remote.errors import GatewayError, GatewayUnavailableError, error_from_response
 from superfile.remote.table import RemoteTable
 from superfile.remote.wire import ARROW_STREAM, from_ipc, schema_from_b64, schema_to_b64
-from superfile.schema import to_arrow_table
-from superfile.table.history import check_version, to_ms
-from superfile.validate import check_name  # the engine's own rule, checked before any request
+from superfile.validate import (  # the engine's own rules, before any request
+    check_name,
+    check_version,
+    create_schema,
+    table_options,
+    to_ms,
+)
 
 __all__ = ["RemoteConnection"]
 
@@ -42,22 +46,6 @@ def _pause(attempt: int, retry_after: str | None) -> None:
     with contextlib.suppress(ValueError):
         wait = max(wait, min(float(retry_after or 0), 10.0))
     time.sleep(wait)
-
-
-def _fts(columns: Sequence[str] | Mapping[str, str]) -> list[str] | dict[str, str]:
-    if isinstance(columns, str):
-        return [columns]
-    return dict(columns) if isinstance(columns, Mapping) else list(columns)
-
-
-def _vector_spec(name: str, spec: Any) -> Any:
-    if isinstance(spec, VectorColumn):
-        return {"dim": spec.dim, "metric": spec.metric, "index": dict(spec.index)}
-    if isinstance(spec, Mapping):
-        return dict(spec)
-    if isinstance(spec, int):
-        return spec
-    raise InvalidOptionError(f"vector column {name!r}: give {{'dim': N, 'metric': ...}}, got {spec!r}")
 
 
 class RemoteConnection:
@@ -185,20 +173,24 @@ class RemoteConnection:
         **options: Any,
     ) -> RemoteTable:
         """Create a table from a schema (or from ``data``, whose schema it takes and which it appends)."""
-        if schema is None:
-            if data is None:
-                raise InvalidOptionError("create_table needs a schema or data")
-            schema = to_arrow_table(data).schema
-        if not isinstance(schema, pa.Schema):
-            raise InvalidInputError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
         check_name(name)
+        schema = create_schema(schema, data)
+        opts = table_options(  # checked here as the engine checks them, then sent as the engine reads them
+            fts_columns=fts_columns,
+            vector_columns=vector_columns,
+            tokenizer=tokenizer,
+            partition=partition,
+            consistency=consistency,
+            options=options,
+        )
         body = {
             "name": name,
             "schema_ipc": schema_to_b64(schema),
-            "fts_columns": _fts(fts_columns),
-            "vector_columns": {k: _vector_spec(k, v) for k, v in (vector_columns or {}).items()},
-            "tokenizer": dict(tokenizer) if isinstance(tokenizer, Mapping) else tokenizer,
-            "partition": asdict(partition) if isinstance(partition, PartitionSpec) else partition,
+            "fts_columns": dict(opts.fts_columns),
+            "vector_columns": {
+                k: {"dim": v.dim, "metric": v.metric, "index": dict(v.index)} for k, v in opts.vector_columns.items()
+            },
+            "partition": asdict(opts.partition) if opts.partition is not None else None,
             "consistency": consistency,
             "exist_ok": exist_ok,
             "options": options,

@@ -23,9 +23,7 @@ from superfile.errors import InvalidOptionError, InvalidVectorError, ReadOnlyTab
 from superfile.options import TableOptions
 from superfile.remote.wire import ARROW_STREAM, to_ipc
 from superfile.schema import to_arrow_table, user_schema
-from superfile.table.cleanup import DEFAULT_RETENTION
-from superfile.table.history import check_version
-from superfile.table.idempotency import check_key
+from superfile.validate import DEFAULT_RETENTION, check_key, check_version
 
 if TYPE_CHECKING:
     from superfile.remote.db import RemoteConnection

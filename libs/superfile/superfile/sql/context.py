@@ -145,7 +145,7 @@ class SqlSession:
         with self._lock:
             snap = self._snapshots.get(name)
             if snap is None:
-                snap = self.conn.open_table(name)._snapshot  # opening read the latest pointer already
+                snap = self.conn.open_table(name).last_snapshot  # opening read the latest pointer already
                 self._snapshots[name] = snap
             return snap
 

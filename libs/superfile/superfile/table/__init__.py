@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from superfile.commit.publish import Change, publish
 from superfile.errors import (
     InvalidOptionError,
     ObjectNotFoundError,
@@ -30,6 +31,7 @@ from superfile.table import optimize as _optimize
 from superfile.table.search import Searcher
 from superfile.table.snapshot import Snapshot, TableFiles
 from superfile.table.writer import Transaction
+from superfile.validate import DEFAULT_RETENTION, check_key, check_version, to_ms
 
 __all__ = ["Supertable", "Transaction"]
 
@@ -104,7 +106,24 @@ class Supertable:
             snapshot = Snapshot(self._files, pointer.manifest, self._files.manifests.load_list(pointer.manifest))
         return snapshot, (pointer, etag)
 
-    def _writable_snapshot(self) -> tuple[Snapshot, tuple[Pointer, str]]:
+    # -- seams for the table's own modules (writer, optimize, history, cleanup) and the services ----------
+    @property
+    def files(self) -> TableFiles:
+        """The table's storage, manifest store and superfile readers."""
+        return self._files
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the handle is open at an explicit version (read-only)."""
+        return self._pinned
+
+    @property
+    def last_snapshot(self) -> Snapshot:
+        """The snapshot this handle last read or committed, without reading storage (a builder's own commits
+        advance it; another writer's only on the next read)."""
+        return self._snapshot
+
+    def writable_snapshot(self) -> tuple[Snapshot, tuple[Pointer, str]]:
         """The latest snapshot and the pointer (with its etag) a writer's first publish attempt is guarded by."""
         if self._pinned:
             raise ReadOnlyTableError(
@@ -112,7 +131,17 @@ class Supertable:
             )
         return self._refresh_with_pointer()
 
-    def _published(self, path: str, manifest: ManifestList) -> None:
+    def commit(self, change: Change, *, base: tuple[Pointer, str] | None = None) -> tuple[str, ManifestList]:
+        """Publish ``change`` as the next version (guarded by ``base``, the pointer it was staged against) and
+        advance this handle to it; the one way the table's writers commit a ``Change``."""
+        path, manifest = publish(
+            self._files.manifests, change, max_attempts=self.options.commit_max_attempts, base=base
+        )
+        self.advance(path, manifest)
+        return path, manifest
+
+    def advance(self, path: str, manifest: ManifestList) -> None:
+        """Move this handle to a version it published (a restore publishes a whole manifest, not a change)."""
         with self._lock:
             if manifest.version > self._snapshot.version:
                 self._snapshot = Snapshot(self._files, path, manifest)
@@ -127,7 +156,7 @@ class Supertable:
         if (version is None) == (as_of is None):
             raise InvalidOptionError("give exactly one of version and as_of")
         entry = (
-            self._history_entry(_history.check_version(version)) if version is not None else self._entry_as_of(as_of)
+            self._history_entry(check_version(version)) if version is not None else self._entry_as_of(as_of)
         )
         try:
             manifest = self._files.manifests.load_list(entry.manifest)
@@ -161,7 +190,7 @@ class Supertable:
 
     def _entry_as_of(self, as_of: datetime.datetime | int | float | None) -> HistoryEntry:
         assert as_of is not None
-        ms = _history.to_ms(as_of)
+        ms = to_ms(as_of)
         history = self._retained_history()
         earlier = [h for h in history if h.timestamp_ms <= ms]
         if not earlier:  # before the table existed, or before the oldest retained version
@@ -192,7 +221,7 @@ class Supertable:
     def idempotency_version(self, idempotency_key: str) -> int | None:
         """The version whose commit recorded this idempotency key (None if none retained does): lets a log
         consumer skip one keyed event without making its whole transaction a no-op."""
-        key = _idempotency.check_key(idempotency_key)
+        key = check_key(idempotency_key)
         return _idempotency.committed_version(self._files.storage, self._current().manifest.properties, [key])
 
     def stats(self) -> dict[str, Any]:
@@ -355,7 +384,7 @@ class Supertable:
 
     def cleanup(
         self,
-        older_than: datetime.timedelta | float = _cleanup.DEFAULT_RETENTION,
+        older_than: datetime.timedelta | float = DEFAULT_RETENTION,
         *,
         dry_run: bool = False,
         safety_margin: datetime.timedelta | float | None = None,

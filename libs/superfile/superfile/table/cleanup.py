@@ -25,7 +25,6 @@ well inside the window.
 from __future__ import annotations
 
 import datetime
-import math
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -44,13 +43,12 @@ from superfile.manifest.model import HistoryEntry, ManifestList
 from superfile.pools import query_pool
 from superfile.table.idempotency import PREFIX as KEYS_PREFIX
 from superfile.table.idempotency import block_paths
+from superfile.validate import DEFAULT_RETENTION, check_seconds
 
 if TYPE_CHECKING:
     from superfile.table import Supertable
 
 __all__ = ["DEFAULT_RETENTION", "cleanup", "retained_versions"]
-
-DEFAULT_RETENTION = datetime.timedelta(days=7)
 
 # listing prefix -> kind reported; the first matching prefix wins
 _KINDS = (
@@ -61,13 +59,6 @@ _KINDS = (
     ("_deletions/", "deletion_vectors"),
     (KEYS_PREFIX, "idempotency_blocks"),
 )
-
-
-def _seconds(name: str, value: datetime.timedelta | float | int) -> float:
-    seconds = value.total_seconds() if isinstance(value, datetime.timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0:
-        raise InvalidOptionError(f"{name} must be a non-negative timedelta or seconds, got {value!r}")
-    return float(seconds)
 
 
 def retained_versions(history: Sequence[HistoryEntry], cutoff_ms: int, oldest: int) -> list[HistoryEntry]:
@@ -83,7 +74,7 @@ class _Marker:
     """The set of paths reachable from the versions marked so far; each manifest part is read once."""
 
     def __init__(self, table: Supertable) -> None:
-        self.store = table._files.manifests
+        self.store = table.files.manifests
         self.paths: set[str] = set()
 
     def version(self, h: HistoryEntry) -> None:
@@ -124,14 +115,14 @@ def cleanup(
 ) -> dict[str, Any]:
     """Delete unreachable files older than the window and the margin (see the module docstring); returns
     counts and bytes."""
-    window = _seconds("older_than", older_than)
-    margin = window if safety_margin is None else _seconds("safety_margin", safety_margin)
+    window = check_seconds("older_than", older_than)
+    margin = window if safety_margin is None else check_seconds("safety_margin", safety_margin)
     if not isinstance(dry_run, bool):
         raise InvalidOptionError(f"dry_run must be a bool, got {dry_run!r}")
-    if table._pinned:
+    if table.pinned:
         raise ReadOnlyTableError(f"table {table.name!r} is open at a version; open it without one to clean up")
-    storage = table._files.storage
-    store = table._files.manifests
+    storage = table.files.storage
+    store = table.files.manifests
     started = time.time()
     cutoff_ms = int((started - window) * 1000)
     files_before_ms = int((started - margin) * 1000)

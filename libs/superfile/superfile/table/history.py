@@ -10,45 +10,23 @@ retention window and first records the oldest version it keeps in
 
 from __future__ import annotations
 
-import datetime
-import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from superfile.commit.publish import publish_with
-from superfile.errors import InvalidInputError, ObjectNotFoundError, VersionNotFoundError
+from superfile.errors import ObjectNotFoundError, VersionNotFoundError
 from superfile.manifest.log import next_history, oldest_retained
 from superfile.manifest.model import FORMAT_VERSION, HistoryEntry, ManifestList, now_ms
 from superfile.manifest.store import ManifestStore
 from superfile.table.changes import id_delta
-from superfile.table.idempotency import AlreadyCommitted, check_key, committed_version, record_new
+from superfile.table.idempotency import AlreadyCommitted, committed_version, record_new
 from superfile.table.snapshot import Snapshot
+from superfile.validate import check_key, check_version
 
 if TYPE_CHECKING:
     from superfile.table import Supertable
 
-__all__ = ["check_version", "restore", "to_ms", "upgrade"]
-
-
-def check_version(version: object) -> int:
-    """A version number is a positive integer (not a bool, not a string)."""
-    if isinstance(version, bool) or not isinstance(version, int | np.integer) or version < 1:
-        raise InvalidInputError(f"a version must be a positive integer, got {version!r}")
-    return int(version)
-
-
-def to_ms(as_of: datetime.datetime | int | float) -> int:
-    """A point in time as epoch milliseconds: an aware datetime, a naive one (taken as UTC), or epoch ms."""
-    if isinstance(as_of, datetime.datetime):
-        if as_of.tzinfo is None:
-            as_of = as_of.replace(tzinfo=datetime.UTC)
-        return int(as_of.timestamp() * 1000)
-    number = isinstance(as_of, int | float | np.integer | np.floating) and not isinstance(as_of, bool)
-    if number and math.isfinite(as_of):
-        return int(as_of)
-    raise InvalidInputError(f"as_of must be a datetime or finite epoch milliseconds, got {as_of!r}")
+__all__ = ["restore", "upgrade"]
 
 
 def upgrade(store: ManifestStore) -> int:
@@ -99,14 +77,14 @@ def restore(table: Supertable, version: int, idempotency_key: str | None = None)
     A repeated ``idempotency_key`` publishes nothing and returns the version that committed it.
     """
     target_entry = table._history_entry(check_version(version))
-    files = table._files
+    files = table.files
     store = files.manifests
     keys = [check_key(idempotency_key)] if idempotency_key is not None else []
     try:
         target = store.load_list(target_entry.manifest)
     except ObjectNotFoundError:
         raise VersionNotFoundError(f"table {table.name!r} version {version} is no longer retained") from None
-    snap, pointer = table._writable_snapshot()
+    snap, pointer = table.writable_snapshot()
     done = committed_version(files.storage, snap.manifest.properties, keys)
     if done is not None:
         return done
@@ -149,5 +127,5 @@ def restore(table: Supertable, version: int, idempotency_key: str | None = None)
         )
     except AlreadyCommitted as repeat:  # a concurrent request with the same key committed first
         return max(repeat.keys.values())
-    table._published(path, manifest)
+    table.advance(path, manifest)
     return manifest.version

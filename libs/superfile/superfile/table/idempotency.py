@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from superfile._lru import LRU
-from superfile.errors import InvalidInputError, SuperfileError
+from superfile.errors import SuperfileError
 from superfile.io import Storage, write_new
 from superfile.manifest.model import ManifestList
 
@@ -40,7 +40,6 @@ __all__ = [
     "PROPERTY",
     "AlreadyCommitted",
     "block_paths",
-    "check_key",
     "committed_keys",
     "committed_version",
     "record",
@@ -51,7 +50,6 @@ PROPERTY = "idempotency_keys"
 PREFIX = "_idempotency/"
 BLOCK_KEYS = 1000
 MAX_BLOCKS = 100
-MAX_KEY_LENGTH = 256
 
 _blocks = LRU(256)  # immutable objects named by uuid: safe to share between tables and handles
 
@@ -62,13 +60,6 @@ class AlreadyCommitted(SuperfileError):
     def __init__(self, keys: Mapping[str, int]) -> None:
         super().__init__(f"{len(keys)} idempotency key(s) already committed (at version {max(keys.values())})")
         self.keys = dict(keys)  # key -> version that committed it
-
-
-def check_key(key: object) -> str:
-    """A key is a non-empty string of at most 256 characters."""
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-        raise InvalidInputError(f"idempotency_key must be a non-empty string of at most {MAX_KEY_LENGTH} characters")
-    return key
 
 
 def block_paths(properties: Mapping[str, Any]) -> list[str]:

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyroaring
 
 from superfile.commit.build import build_shards
-from superfile.commit.publish import Change, StaleSuperfileError, publish
+from superfile.commit.publish import Change, StaleSuperfileError
 from superfile.commit.shard import Shard
 from superfile.errors import InvalidOptionError
 from superfile.manifest.model import SuperfileEntry
@@ -172,7 +172,7 @@ class _Rewrite:
 def _once(
     table: Supertable, target_rows: int | None, target_bytes: int | None, select: Plan, parallel: bool
 ) -> dict[str, Any]:
-    snap, pointer = table._writable_snapshot()
+    snap, pointer = table.writable_snapshot()
     entries = all_entries(snap)
     target = _target_rows(entries, snap, target_rows, target_bytes)
     chosen_by_partition = select(entries, target)
@@ -204,9 +204,7 @@ def _once(
         removed=removed,
         carry=rewrite.carry,
     )
-    attempts = snap.manifest.options.commit_max_attempts
-    path, manifest = publish(table._files.manifests, change, max_attempts=attempts, base=pointer)
-    table._published(path, manifest)
+    _, manifest = table.commit(change, base=pointer)
     return {**result, "version": manifest.version, "deletes_carried": rewrite.carried}
 
 

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyroaring
 
 from superfile.commit.build import build_shards
-from superfile.commit.publish import Change, Deletion, publish
+from superfile.commit.publish import Change, Deletion
 from superfile.commit.shard import shard
 from superfile.commit.stage import WriteBuffer
 from superfile.errors import ContentionError, InvalidInputError, SuperfileError
@@ -19,8 +19,9 @@ from superfile.expressions import Predicate, parse_predicate
 from superfile.manifest.model import ManifestList, Pointer, SuperfileEntry
 from superfile.pools import build_pool
 from superfile.schema import ID, coerce
-from superfile.table.idempotency import AlreadyCommitted, check_key, committed_version, record_new
+from superfile.table.idempotency import AlreadyCommitted, committed_version, record_new
 from superfile.table.snapshot import Snapshot
+from superfile.validate import check_key
 
 if TYPE_CHECKING:
     from superfile.table import Supertable
@@ -43,7 +44,7 @@ class Transaction:
         self._table = table
         # Checked against the manifest each publish attempt builds on; raising aborts the commit (log fencing).
         self._precondition = precondition
-        self._base, self._base_pointer = table._writable_snapshot()
+        self._base, self._base_pointer = table.writable_snapshot()
         self._schema = self._base.schema
         self._options = self._base.manifest.options
         self._buffer = WriteBuffer(self._schema)
@@ -68,7 +69,7 @@ class Transaction:
             return 0
         rows = coerce(data, self._schema, self._options)
         if rows.num_rows:
-            first = self._table._files.manifests.reserve_ids(rows.num_rows, self._options.commit_max_attempts)
+            first = self._table.files.manifests.reserve_ids(rows.num_rows, self._options.commit_max_attempts)
             self._stage(rows, first)
             self._staged("append", idempotency_key)
             if idempotency_key is not None:
@@ -121,9 +122,7 @@ class Transaction:
                 self.commit_version = self._known if self._known is not None else self._base.version
                 return self.commit_version
             try:
-                path, manifest = publish(
-                    self._table._files.manifests, change, max_attempts=self._options.commit_max_attempts, base=base
-                )
+                _, manifest = self._table.commit(change, base=base)
             except AlreadyCommitted as done:  # concurrent commits recorded some keys first: drop those appends
                 self._known = max(self._known or 0, *done.keys.values())
                 if any(k in done.keys and k not in self._keys for k in self._op_keys):  # a keyed delete or update
@@ -137,7 +136,6 @@ class Transaction:
                 self._drop_keyed(done.keys)
                 base = None
                 continue
-            self._table._published(path, manifest)
             self.commit_version = manifest.version
             return manifest.version
         raise AssertionError("unreachable: every key was dropped, leaving an empty change")
@@ -173,7 +171,7 @@ class Transaction:
 
     def _record_keys(self, current: ManifestList) -> dict[str, Any]:
         """Run by publish against the manifest it builds on: abort if a key is there, else record them."""
-        return record_new(self._table._files.storage, current, [k for k in self._op_keys if k is not None])
+        return record_new(self._table.files.storage, current, [k for k in self._op_keys if k is not None])
 
     def _drop_keyed(self, keys: Mapping[str, int]) -> None:
         """Unstage the appends tagged with ``keys`` (their rows, and replacements of them, are in flushed
@@ -196,7 +194,7 @@ class Transaction:
         """Where rows this transaction deletes, no longer live where it staged that, are live in ``current``;
         for those deleted there by a concurrent commit, the replacements updates staged for them."""
         ids = np.unique(lost)
-        snap = Snapshot(self._table._files, current_path, current)
+        snap = Snapshot(self._table.files, current_path, current)
         found = _holding(snap, snap.entries(), ids, {})
         moved = np.concatenate([d.ids_of(d.rows) for d in found]) if found else np.zeros(0, np.uint64)
         replaced = np.concatenate(self._replaced) if self._replaced else np.zeros(0, np.uint64)
@@ -212,7 +210,7 @@ class Transaction:
             return False
         if check_key(key) in self._op_keys:
             return True
-        done = committed_version(self._table._files.storage, self._base.manifest.properties, [key])
+        done = committed_version(self._table.files.storage, self._base.manifest.properties, [key])
         if done is not None:
             self._known = max(self._known or 0, done)
         return done is not None
@@ -239,7 +237,7 @@ class Transaction:
         rows = self._buffer.take()
         if rows.num_rows:
             shards = shard(rows, self._options, build_pool()._max_workers)
-            self._flushed.extend(build_shards(shards, self._options, self._table._files.storage))
+            self._flushed.extend(build_shards(shards, self._options, self._table.files.storage))
 
     def _count_staged(self, predicate: Predicate) -> int:
         staged = self._buffer.table()
