@@ -149,7 +149,7 @@ def parse_conjuncts(trees: list[exp.Expression], schema: pa.Schema) -> Node:
         if len(trees) == 1:
             root = converter.convert(trees[0])
         else:
-            nodes = [converter._boolean(tree, "AND") for tree in trees]
+            nodes = [converter.conjunct(tree) for tree in trees]
             root = functools.reduce(And, nodes)
     except RecursionError:
         raise InvalidPredicateError("the predicate is nested too deeply") from None
@@ -816,6 +816,10 @@ class _Converter:
         return str(folded.as_py())
 
     # ------------------------------------------------------------------ predicates
+
+    def conjunct(self, e: exp.Expression) -> Node:
+        """One operand of a top-level AND, converted and checked to be boolean."""
+        return self._boolean(e, "AND")
 
     def _boolean(self, e: exp.Expression, context: str) -> Node:
         node = self.convert(e)

@@ -324,11 +324,13 @@ class FullTextIndex:
         """Every row's tantivy fieldnorm id (uint8; :data:`FIELDNORMS` maps it to the BM25 length)."""
         return self._norm_data().ids
 
-    def _lengths(self, norms: _Norms, n_glob: int, tokens_glob: int) -> _Lengths:
+    def length_factors(self, n_glob: int, tokens_glob: int) -> _Lengths:
+        """BM25's length factors of this file's rows with its own avgdl and with a corpus of ``n_glob`` rows
+        and ``tokens_glob`` tokens (the last few corpora are kept)."""
         key = (n_glob, tokens_glob)
         found = self._length_cache.get(key)
         if found is None:
-            found = _Lengths.make(self.num_docs, norms, n_glob, tokens_glob)
+            found = _Lengths.make(self.num_docs, self._norm_data(), n_glob, tokens_glob)
             with self._analyzer_lock:  # a short critical section; the analyzer's lock serves
                 if len(self._length_cache) >= 8:  # a table has one corpus per version: a few suffice
                     self._length_cache.pop(next(iter(self._length_cache)))
@@ -477,7 +479,7 @@ class FullTextIndex:
                 query = tantivy.Query.boolean_query(
                     [
                         (tantivy.Occur.Must, query),
-                        (tantivy.Occur.Must, tantivy.Query.const_score_query(self._row_filter(members), 0.0)),
+                        (tantivy.Occur.Must, tantivy.Query.const_score_query(self.row_filter(members), 0.0)),
                     ]
                 )
             elif n_allow < self.num_docs:
@@ -487,14 +489,17 @@ class FullTextIndex:
         found.read()
         return found
 
-    def _hits(self, query: tantivy.Query, limit: int) -> tuple[np.ndarray, np.ndarray, list[tantivy.DocAddress]]:
+    # What the table-wide BM25 (Candidates, _GlobalPlan) reads of one file: hits of a tantivy query, a filter to
+    # given rows, one term's scores, a term's frequency in one doc, and length_factors above.
+
+    def hits(self, query: tantivy.Query, limit: int) -> tuple[np.ndarray, np.ndarray, list[tantivy.DocAddress]]:
         """The first ``limit`` hits as (row offsets, float64 scores, doc addresses)."""
         hits = self.searcher.search(query, limit, count=False).hits if limit > 0 else []
         docs = [a for _, a in hits]
         rows = np.asarray(self.searcher.fast_field_values(ROW_FIELD, docs) if docs else [], np.int64)
         return rows, np.asarray([s for s, _ in hits], np.float64), docs
 
-    def _row_filter(self, rows: Sequence[int]) -> tantivy.Query:
+    def row_filter(self, rows: Sequence[int]) -> tantivy.Query:
         """A query matching exactly these row offsets (a union of ``_row`` terms for few rows: a term set
         query scans the whole ``_row`` fast field, ~15 ns per row of the file)."""
         if len(rows) > _ROW_DISJUNCTION:
@@ -504,7 +509,7 @@ class FullTextIndex:
             [(tantivy.Occur.Should, tantivy.Query.term_query(schema, ROW_FIELD, r)) for r in rows]
         )
 
-    def _term_scores(
+    def term_scores(
         self, term: str, doc_freq: int, docs: list[tantivy.DocAddress], only: Callable[[], tantivy.Query]
     ) -> np.ndarray:
         """Tantivy's score of ``term`` alone (its own statistics, no boost) for each doc; 0 without the term.
@@ -525,7 +530,7 @@ class FullTextIndex:
                 out[i] = score
         return out
 
-    def _explained_tf(self, term: str, doc: tantivy.DocAddress) -> int:
+    def explained_tf(self, term: str, doc: tantivy.DocAddress) -> int:
         """The term's frequency in one doc from tantivy's explanation (slow; for ambiguous inversions)."""
         query = tantivy.Query.term_query(self.index.schema, TEXT_FIELD, term)
         return round(_explanation_values(query.explain(self.searcher, doc).to_json())["freq"])
@@ -608,7 +613,7 @@ class Candidates:
         """(Re)read the first ``limit`` hits and bound their scores and the rest's."""
         index = self.plan.index
         self.limit = min(self.limit, index.num_docs)
-        rows, local, docs = index._hits(self.query, self.limit)
+        rows, local, docs = index.hits(self.query, self.limit)
         exhausted = len(rows) < self.limit or self.limit == index.num_docs
         self.unseen = -math.inf if exhausted else self.plan.unseen_bound(float(local[-1]))
         if self.keep is not None:
@@ -724,7 +729,7 @@ class _GlobalPlan:
         weights: Mapping[str, float],
     ) -> _GlobalPlan | None:
         """None when nothing can match in this file."""
-        norms = index._norm_data()
+        ids = index.fieldnorm_ids  # raises here for an index opened without its norms
         n_glob, tokens_glob = int(stats.num_docs), int(stats.total_tokens)
         # The corpus may count fewer rows than this file holds: the table leaves deleted rows out (and
         # filters them with ``allow``), so only the counts' own consistency is checked.
@@ -769,8 +774,8 @@ class _GlobalPlan:
             return None
         return cls(
             index=index,
-            ids=norms.ids,
-            lengths=index._lengths(norms, n_glob, tokens_glob),
+            ids=ids,
+            lengths=index.length_factors(n_glob, tokens_glob),
             terms=scored,
             doc_freqs=freqs,
             boosts=np.asarray(boosts, np.float64),
@@ -807,12 +812,12 @@ class _GlobalPlan:
 
         def only() -> tantivy.Query:  # built once, only if some term needs a restricted query
             if not cached:
-                cached.append(tantivy.Query.const_score_query(self.index._row_filter(rows.tolist()), 0.0))
+                cached.append(tantivy.Query.const_score_query(self.index.row_filter(rows.tolist()), 0.0))
             return cached[0]
 
         for j, term in enumerate(self.terms):
             if j != skip:
-                observed[j] = self.index._term_scores(term, self.doc_freqs[j], docs, only)
+                observed[j] = self.index.term_scores(term, self.doc_freqs[j], docs, only)
                 error[j] = observed[j] * _ROUNDING
         rest = local - self.boosts @ observed  # the skipped term's row of observed is still 0
         observed[skip] = np.maximum(rest, 0.0) / self.boosts[skip]
@@ -820,7 +825,7 @@ class _GlobalPlan:
         ids = self.ids[rows]
         tf = _invert_tf(observed, self.local_weights[:, None], self.lengths.local_norm[ids][None, :], error)
         for j, i in zip(*np.nonzero(tf < 0), strict=True):  # float32 cannot tell tf apart (tf in the hundreds)
-            tf[j, i] = self.index._explained_tf(self.terms[j], docs[i])
+            tf[j, i] = self.index.explained_tf(self.terms[j], docs[i])
         part = self.global_weights[:, None] * tf / (tf + self.lengths.global_norm[ids][None, :])
         return np.asarray(part.sum(axis=0), np.float64)
 

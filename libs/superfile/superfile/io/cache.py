@@ -138,15 +138,21 @@ class DiskCache:
                     os.unlink(part)
                 with self._guard:  # later openers find the copy (or, after a failure, try again)
                     self._fetching.pop(local, None)
-        self._arrived(local)
+        self.arrived(local)
         return local
 
-    def _arrived(self, local: str) -> None:
-        """A whole copy was just put in place: count it, record its use, and make room for it."""
+    def arrived(self, local: str) -> None:
+        """A whole copy was just put in place (by :meth:`fetch`, or a filling copy renamed into place): count
+        it, record its use, and make room for it."""
         with self._guard:
             self.fetches += 1
             self._touched[local] = time.monotonic()
         self.evict(keep=local)
+
+    def count_ranged(self, nbytes: int) -> None:
+        """Count bytes a ranged read fetched for a reader of a filling copy (``ranged_bytes``)."""
+        with self._guard:
+            self.ranged_bytes += nbytes
 
     def discard(self, storage: Storage, key: str) -> None:
         """Remove the copy of ``key`` (one found damaged); the next :meth:`fetch` downloads it again."""
@@ -314,7 +320,7 @@ class _Filling:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.part)
             return
-        self.cache._arrived(self.local)
+        self.cache.arrived(self.local)
 
     def _fetch(self, first: int, last: int, *, ranged: bool) -> None:
         offset = first * _BLOCK
@@ -333,8 +339,7 @@ class _Filling:
             if self._missing == 0:
                 _close(self._fd)
         if ranged:
-            with self.cache._guard:
-                self.cache.ranged_bytes += len(data)
+            self.cache.count_ranged(len(data))
 
 
 def _close(fd: list[int]) -> None:

@@ -381,7 +381,8 @@ class S3Storage:
 
     def child(self, prefix: str) -> S3Storage:
         sub = check_key(prefix.removesuffix("/"))
+        inner = f"{self._prefix}/{sub}" if self._prefix else sub
         clone = copy.copy(self)  # shares the client, its connection pool and the options
-        clone._prefix = f"{self._prefix}/{sub}" if self._prefix else sub
-        clone.uri = clone._make_uri(clone._prefix)
+        clone._prefix = inner  # noqa: SLF001 (a copy of self, set up by its own class)
+        clone.uri = self._make_uri(inner)
         return clone
