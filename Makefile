@@ -46,6 +46,7 @@ run: install
 lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo
 
 typecheck: install-test
 	$(BIN)/mypy libs/superfile/superfile $(foreach s,$(SERVICES),$(s)/superfile_$(notdir $(s)))
@@ -68,4 +69,4 @@ down:
 	$(BIN)/python -m superfile_suite down $(SUITE_ARGS)
 
 clean:
-	rm -rf $(VENV) data .suite .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) data .suite .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
