@@ -263,7 +263,7 @@ class ReadPath:
         self.vectors = vectors
         self.engine_ms: list[float] = []
         self._note = threading.local()
-        request = self.conn._request
+        request = self.conn.client.request
 
         def took(*args: Any, **kwargs: Any) -> Any:
             response = request(*args, **kwargs)
@@ -272,7 +272,7 @@ class ReadPath:
                 self._note.ms = float(timing.split("=", 1)[1])
             return response
 
-        self.conn._request = took  # type: ignore[method-assign]
+        self.conn.client.request = took  # type: ignore[method-assign]
 
     def query(self, kind: str, i: int) -> pa.Table:
         if kind == "bm25":

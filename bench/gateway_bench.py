@@ -76,7 +76,7 @@ def run(rounds: int) -> dict[str, Any]:
             remote = conn.open_table("cranfield")
             engine: list[float] = []
 
-            request = conn._request
+            request = conn.client.request
 
             def took(*args: Any, **kwargs: Any) -> Any:  # the SDK's request, noting the engine's time
                 response = request(*args, **kwargs)
@@ -85,7 +85,7 @@ def run(rounds: int) -> dict[str, Any]:
                     engine.append(float(timing.split("=", 1)[1]))
                 return response
 
-            conn._request = took  # type: ignore[method-assign]
+            conn.client.request = took  # type: ignore[method-assign]
             for q in queries[:20]:  # warm both paths (open superfiles, HTTP connection)
                 local.bm25_search(query=q, **QUERY)
                 remote.bm25_search(query=q, **QUERY)

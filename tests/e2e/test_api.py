@@ -1,7 +1,8 @@
 """The Connection API, one suite for every side: embedded (file://), remote (a real gateway over HTTP) and
 fleet (the distributed read path).
 
-Every test runs three times with identical assertions: ``db`` is either
+Every test runs three times with identical assertions, typed against the contract both sides implement
+(``superfile.api.Catalog`` and ``Table``; mypy checks this file in ``make typecheck``): ``db`` is either
 ``superfile.connect("file://...")``, or ``superfile.connect("http://...", api_key=...)``
 against a uvicorn gateway (embedded mode) serving another file:// root, or the same
 against a gateway on an S3 bucket (moto) that writes embedded and forwards every
@@ -19,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import superfile
+from superfile.api import Catalog, Table
 from fleet_support import API_KEY, aws_env, running_fleet, s3_bucket
 from superfile.errors import (
     InvalidInputError,
@@ -40,8 +42,8 @@ from superfile_gateway import BackgroundServer, Settings, parse_api_keys
 from superfile_suite import Server
 
 DIM = 4
-SCHEMA = pa.schema([("key", pa.int64()), ("title", pa.string()), ("tag", pa.string()), ("emb", pa.list_(pa.float32()))])
-SIMPLE = pa.schema([("key", pa.int64()), ("title", pa.string())])
+SIMPLE = pa.schema([pa.field("key", pa.int64()), pa.field("title", pa.string())])
+SCHEMA = pa.schema([*SIMPLE, pa.field("tag", pa.string()), pa.field("emb", pa.list_(pa.float32()))])
 TITLES = [
     "supersonic boundary layer",
     "boundary layer transition",
@@ -63,7 +65,7 @@ def _rows(keys: range) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module", params=["embedded", "remote", "fleet"])
-def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Catalog]:
     if request.param == "fleet":
         # reads through gateway -> query service -> 3 cache nodes on a bucket of moto's; writes embedded at the gateway
         s3: Server = request.getfixturevalue("s3")
@@ -87,7 +89,7 @@ def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.fixture
-def table(db: Any) -> Any:
+def table(db: Catalog) -> Table:
     """A fresh table with 12 rows: key 0..11, six titles, tag even/odd, a 4-d vector."""
     t = db.create_table(
         f"t_{uuid.uuid4().hex[:8]}", SCHEMA, fts_columns=["title", "tag"], vector_columns={"emb": {"dim": DIM}}
@@ -96,11 +98,11 @@ def table(db: Any) -> Any:
     return t
 
 
-def _keys(result: pa.Table) -> list[int]:
+def _keys(result: pa.Table) -> list[Any]:
     return result.column("key").to_pylist()
 
 
-def test_catalog(db: Any) -> None:
+def test_catalog(db: Catalog) -> None:
     name = f"c_{uuid.uuid4().hex[:8]}"
     t = db.create_table(name, SCHEMA, fts_columns=["title"], vector_columns={"emb": DIM})
     assert name in db.table_names()
@@ -137,14 +139,14 @@ def test_catalog(db: Any) -> None:
         db.drop_table(name)
 
 
-def test_create_from_data(db: Any) -> None:
+def test_create_from_data(db: Catalog) -> None:
     data = pa.table({"key": [1, 2], "title": ["a b", "c d"]})
     t = db.create_table(f"d_{uuid.uuid4().hex[:8]}", data=data, fts_columns=["title"])
     assert t.count_rows() == 2
     assert t.to_arrow(columns=["key", "title"]).equals(data)
 
 
-def test_append_and_read(table: Any) -> None:
+def test_append_and_read(table: Table) -> None:
     v = table.version
     assert table.append(pa.Table.from_pylist(_rows(range(12, 15)), schema=SCHEMA)) == v + 1
     assert table.append([]) == v + 1  # nothing to add: same version
@@ -160,7 +162,7 @@ def test_append_and_read(table: Any) -> None:
     assert table.stats()["row_count"] == 15
 
 
-def test_bm25_and_prefix(table: Any) -> None:
+def test_bm25_and_prefix(table: Table) -> None:
     result = table.bm25_search("title", "supersonic boundary", k=5, projection=["key", "title"])
     assert result.column_names == ["_id", "score", "key", "title"]
     scores = result.column("score").to_pylist()
@@ -175,7 +177,7 @@ def test_bm25_and_prefix(table: Any) -> None:
     assert _keys(whole) in ([3, 9], [9, 3])
 
 
-def test_token_and_exact_match(table: Any) -> None:
+def test_token_and_exact_match(table: Table) -> None:
     both = table.token_match("title", ["boundary", "layer"], "and", projection=["key"])
     assert sorted(_keys(both)) == [0, 1, 6, 7]
     assert both.column("score").null_count == len(both)
@@ -191,7 +193,7 @@ def test_token_and_exact_match(table: Any) -> None:
         table.exact_match("title", "supersonic wing flutter", max_rows=1)
 
 
-def test_vector_search(table: Any) -> None:
+def test_vector_search(table: Table) -> None:
     nearest = table.vector_search("emb", np.array([1.0, 0.0, 0.0, 0.0]), k=3, projection=["key"])
     assert nearest.column_names == ["_id", "score", "key"]
     assert _keys(nearest)[0] in (0, 4, 8) and set(_keys(nearest)) == {0, 4, 8}
@@ -206,7 +208,7 @@ def test_vector_search(table: Any) -> None:
     assert where.column("tag").to_pylist() == ["odd", "odd"]
 
 
-def test_hybrid_search(db: Any, table: Any) -> None:
+def test_hybrid_search(db: Catalog, table: Table) -> None:
     """Reciprocal-rank fusion of BM25 and kNN: the row both retrievers find ranks first; the method and the
     SQL function agree."""
     q = [0.0, 0.0, 0.0, 1.0]
@@ -222,7 +224,7 @@ def test_hybrid_search(db: Any, table: Any) -> None:
     )
 
 
-def test_sql(db: Any, table: Any) -> None:
+def test_sql(db: Catalog, table: Table) -> None:
     n = db.sql(f"SELECT count(*) AS n FROM {table.name} WHERE tag = 'odd'")
     assert n.to_pylist() == [{"n": 6}]
     top = db.sql(f"SELECT key FROM bm25_search('{table.name}', 'title', 'flutter', 5) ORDER BY key")
@@ -243,7 +245,7 @@ def test_sql(db: Any, table: Any) -> None:
         db.sql(f"SELECT a.title || b.title AS t FROM {table.name} a, {table.name} b ORDER BY t", memory_limit_bytes=1)
 
 
-def test_update_delete_checkout(table: Any) -> None:
+def test_update_delete_checkout(table: Table) -> None:
     v = table.version
     before = table.to_arrow(columns=["_id"], where="key = 3").column("_id").to_pylist()
     assert table.update("key = 3", [{"key": 3, "title": "rewritten title", "tag": "odd", "emb": [0, 0, 0, 1]}]) == v + 1
@@ -260,7 +262,7 @@ def test_update_delete_checkout(table: Any) -> None:
         table.checkout(999)
 
 
-def test_bad_input_writes_nothing(table: Any) -> None:
+def test_bad_input_writes_nothing(table: Table) -> None:
     v, n = table.version, table.count_rows()
     with pytest.raises(SchemaMismatchError):
         table.append([{"key": 1, "nope": "x", "emb": [0, 0, 0, 1]}])
@@ -281,7 +283,7 @@ def test_bad_input_writes_nothing(table: Any) -> None:
     assert table.version == v and table.count_rows() == n
 
 
-def test_bad_queries(table: Any) -> None:
+def test_bad_queries(table: Table) -> None:
     with pytest.raises(UnknownColumnError):
         table.bm25_search("nope", "x")
     with pytest.raises(UnknownColumnError):
@@ -304,7 +306,7 @@ def test_bad_queries(table: Any) -> None:
         table.to_arrow(columns=["nope"])
 
 
-def test_idempotent_append(table: Any) -> None:
+def test_idempotent_append(table: Table) -> None:
     v = table.append(_rows(range(20, 22)), idempotency_key="batch-20")
     assert table.append(_rows(range(20, 22)), idempotency_key="batch-20") == v  # the first commit's version
     assert table.count_rows() == 14 and table.version == v
@@ -319,7 +321,7 @@ def test_idempotent_append(table: Any) -> None:
         table.idempotency_version("")
 
 
-def test_properties_follow_the_version(db: Any) -> None:
+def test_properties_follow_the_version(db: Catalog) -> None:
     """Commit properties (the builder's log offsets, the idempotency ledger) as of the handle's version."""
     t = db.create_table(f"p_{uuid.uuid4().hex[:8]}", SIMPLE)
     created = t.version
@@ -329,7 +331,7 @@ def test_properties_follow_the_version(db: Any) -> None:
     assert t.checkout(created).properties == {}
 
 
-def _small_files(db: Any, appends: int = 6) -> Any:
+def _small_files(db: Catalog, appends: int = 6) -> Table:
     """A table whose 12 rows arrived in ``appends`` commits (one small superfile each)."""
     t = db.create_table(f"m_{uuid.uuid4().hex[:8]}", SCHEMA, fts_columns=["title"], vector_columns={"emb": DIM})
     per = 12 // appends
@@ -338,7 +340,7 @@ def _small_files(db: Any, appends: int = 6) -> Any:
     return t
 
 
-def test_optimize(db: Any) -> None:
+def test_optimize(db: Catalog) -> None:
     t = _small_files(db)
     t.delete("key = 5")
     before = t.to_arrow(columns=["_id", "key", "title"]).sort_by("_id")
@@ -371,7 +373,7 @@ def test_optimize(db: Any) -> None:
     assert t.version == v + 1
 
 
-def test_cleanup(db: Any) -> None:
+def test_cleanup(db: Catalog) -> None:
     t = _small_files(db)
     t.optimize()
     v = t.version
@@ -394,14 +396,14 @@ def test_cleanup(db: Any) -> None:
     with pytest.raises(InvalidOptionError):
         t.cleanup(-1)
     with pytest.raises(InvalidOptionError):
-        t.cleanup("a week")  # type: ignore[arg-type]
+        t.cleanup("a week")
     with pytest.raises(InvalidOptionError):
         t.cleanup(0, safety_margin=-1)
     with pytest.raises(ReadOnlyTableError):
         t.checkout(v).cleanup(0)
 
 
-def test_restore(table: Any) -> None:
+def test_restore(table: Table) -> None:
     v = table.version
     table.delete("tag = 'even'")
     table.append(_rows(range(12, 14)))
@@ -420,7 +422,7 @@ def test_restore(table: Any) -> None:
     assert table.version == v + 4
 
 
-def test_changes(table: Any) -> None:
+def test_changes(table: Table) -> None:
     v = table.version
     table.update("key = 3", [{"key": 3, "title": "rewritten", "tag": "odd", "emb": [0, 0, 0, 1]}])
     table.delete("key = 4")
@@ -453,7 +455,7 @@ def test_changes(table: Any) -> None:
         table.changes(999)
 
 
-def test_versions_and_as_of(db: Any, table: Any) -> None:
+def test_versions_and_as_of(db: Catalog, table: Table) -> None:
     table.delete("key = 0")
     table.append(_rows(range(12, 14)))
     history = table.versions()
@@ -493,7 +495,7 @@ def test_versions_and_as_of(db: Any, table: Any) -> None:
             table.restore(bad)
 
 
-def test_bm25_after_delete(table: Any) -> None:
+def test_bm25_after_delete(table: Table) -> None:
     """Full-text search keeps working once rows are deleted: the deleted rows just stop matching."""
     table.delete("key >= 9")
     result = table.bm25_search("title", "supersonic boundary", k=5, projection=["key"])

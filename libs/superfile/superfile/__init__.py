@@ -4,6 +4,7 @@
 >>> db = superfile.connect("memory://demo")
 """
 
+from superfile.api import Catalog, Table
 from superfile.connection import Connection, connect
 from superfile.errors import (
     ContentionError,
@@ -23,29 +24,47 @@ from superfile.errors import (
     VersionNotFoundError,
 )
 from superfile.options import PartitionSpec, TableOptions, VectorColumn
+from superfile.search.request import (
+    Bm25Search,
+    ExactMatch,
+    HybridSearch,
+    PrefixSearch,
+    SearchRequest,
+    TokenMatch,
+    VectorSearch,
+)
 from superfile.table import Supertable, Transaction
 
 __all__ = [
+    "Bm25Search",
+    "Catalog",
     "Connection",
     "ContentionError",
     "CorruptSuperfileError",
+    "ExactMatch",
+    "HybridSearch",
     "InvalidInputError",
     "InvalidPredicateError",
     "InvalidTableNameError",
     "InvalidVectorError",
     "PartitionSpec",
+    "PrefixSearch",
     "ReadOnlyTableError",
     "SchemaMismatchError",
+    "SearchRequest",
     "StorageError",
     "SuperfileError",
     "Supertable",
+    "Table",
     "TableExistsError",
     "TableNotFoundError",
     "TableOptions",
+    "TokenMatch",
     "Transaction",
     "UnknownColumnError",
     "VectorColumn",
     "VectorDimensionError",
+    "VectorSearch",
     "VersionNotFoundError",
     "connect",
 ]

@@ -94,7 +94,7 @@ def _print_table(table: pa.Table, width: int = 60) -> None:
         print("  " + json.dumps(shown, default=str))
 
 
-def _append_with_progress(table: superfile.Supertable, data: pa.Table, batch_rows: int) -> None:
+def _append_with_progress(table: superfile.Table, data: pa.Table, batch_rows: int) -> None:
     from tqdm import tqdm
 
     with tqdm(total=data.num_rows, unit="rows", desc=f"append {table.name}") as bar:
@@ -247,7 +247,7 @@ def cmd_restore(args: argparse.Namespace) -> None:
 
 def cmd_upgrade(args: argparse.Namespace) -> None:
     """Convert a table (or every table) written by an older superfile to the current format."""
-    db = superfile.connect(args.uri)
+    db = superfile.Connection(args.uri)  # an upgrade rewrites storage directly: embedded only
     for name in [args.table] if args.table else db.table_names():
         _print_json({"table": name, "version": db.upgrade_table(name)})
 

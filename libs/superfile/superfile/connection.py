@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from superfile.api import Catalog
 from superfile.errors import (
     InvalidInputError,
     InvalidOptionError,
@@ -29,8 +30,10 @@ from superfile.maintenance import AutoMaintenance, MaintenancePolicy
 from superfile.manifest.model import FORMAT_VERSION, HistoryEntry, ManifestList, Pointer, now_ms
 from superfile.manifest.store import POINTER
 from superfile.options import PartitionSpec
+from superfile.remote.db import RemoteConnection
 from superfile.schema import table_schema
 from superfile.search.fleet import Fleet
+from superfile.search.root import RootFanout
 from superfile.table import Supertable
 from superfile.table.history import upgrade
 from superfile.table.snapshot import Snapshot, TableFiles
@@ -41,7 +44,7 @@ __all__ = ["Connection", "connect"]
 _MANIFEST_PATH = re.compile(r"_manifests/[0-9]{1,20}-[0-9a-f]{8,64}\.json")
 
 
-class Connection:
+class Connection(Catalog):
     """Creates, opens, lists and drops the tables stored below one URI."""
 
     def __init__(
@@ -109,7 +112,7 @@ class Connection:
                     cache_dir=self._cache_dir,
                     disk_cache=self._disk_cache,
                     on_commit=None if maintenance is None else (lambda: maintenance.committed(name)),
-                    fanout=self.fleet,
+                    fanout=None if self.fleet is None else RootFanout(self.fleet),
                     name=name,
                 )
                 self._files[name] = files
@@ -210,11 +213,13 @@ class Connection:
             return table
         return table.checkout(version, as_of=as_of)
 
-    def snapshot(self, name: str, manifest: str) -> Snapshot:
-        """A reader of ``name`` pinned to one of its manifests (a path below ``_manifests/``): the version a
-        query root planned a read against, which each of its leaves must read. Manifests are immutable, so
-        every leaf reads the same one, whatever has been committed since."""
+    def snapshot(self, name: str, manifest: str | None = None) -> Snapshot:
+        """A reader of ``name``: at its latest version, or pinned to one of its manifests (a path below
+        ``_manifests/``), the version a query root planned a read against, which each of its leaves must
+        read. Manifests are immutable, so every leaf reads the same one, whatever has been committed since."""
         check_name(name)
+        if manifest is None:
+            return self.open_table(name).last_snapshot  # opening read the latest pointer already
         if not _MANIFEST_PATH.fullmatch(manifest):
             raise InvalidInputError(f"{manifest!r} is not a manifest path (_manifests/<version>-<id>.json)")
         files = self._table_files(name)
@@ -286,12 +291,11 @@ class Connection:
         return f"Connection({self.uri!r})"
 
 
-def connect(uri: str, **options: Any) -> Any:
+def connect(uri: str, **options: Any) -> Connection | RemoteConnection:
     """Open the catalog at ``uri``: ``memory://name``, ``file:///dir`` (or a plain path), ``s3://bucket/prefix``
     (a :class:`Connection`), or a gateway at ``http(s)://host:port`` with ``api_key=...`` (a
-    :class:`superfile.remote.RemoteConnection`, same methods and result types)."""
+    :class:`superfile.remote.RemoteConnection`, same methods and result types: both are a
+    :class:`superfile.api.Catalog`)."""
     if uri.startswith(("http://", "https://")):
-        from superfile.remote import RemoteConnection
-
         return RemoteConnection(uri, **options)
     return Connection(uri, **options)

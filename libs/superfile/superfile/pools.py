@@ -11,7 +11,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["build_pool", "query_pool", "query_threads"]
+__all__ = ["build_pool", "build_threads", "query_pool", "query_threads"]
 
 _lock = threading.Lock()
 _pools: dict[str, ThreadPoolExecutor] = {}
@@ -41,3 +41,8 @@ def query_pool() -> ThreadPoolExecutor:
 def query_threads() -> int:
     """How many threads the query pool has (or will have)."""
     return _size("SUPERFILE_QUERY_THREADS")
+
+
+def build_threads() -> int:
+    """How many threads the build pool has (or will have): a writer shards a batch into as many parts."""
+    return _size("SUPERFILE_BUILD_THREADS")

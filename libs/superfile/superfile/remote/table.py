@@ -16,13 +16,14 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 
-from superfile.errors import InvalidOptionError, InvalidVectorError, ReadOnlyTableError
+from superfile.api import Table
+from superfile.errors import InvalidOptionError, ReadOnlyTableError
 from superfile.options import TableOptions
 from superfile.remote.wire import ARROW_STREAM, to_ipc
 from superfile.schema import to_arrow_table, user_schema
+from superfile.search.request import HybridSearch, SearchRequest
 from superfile.validate import DEFAULT_RETENTION, check_key, check_version
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["RemoteTable"]
 
 
-class RemoteTable:
+class RemoteTable(Table):
     """A table served by a gateway. Obtain one from :class:`superfile.remote.RemoteConnection`."""
 
     def __init__(
@@ -45,6 +46,7 @@ class RemoteTable:
     ) -> None:
         self.name = name
         self._conn = conn
+        self._client = conn.client
         self._schema = schema
         self._options = options
         self._pinned = pinned
@@ -69,7 +71,7 @@ class RemoteTable:
 
     def _search(self, kind: str, body: Mapping[str, Any]) -> pa.Table:
         params, position = self._read_params()
-        result = self._conn._arrow(f"{self._path}/search/{kind}", body, params)
+        result = self._client.arrow(f"{self._path}/search/{kind}", body, params)
         self._seen(position)
         return result
 
@@ -91,7 +93,7 @@ class RemoteTable:
         """POST one write with its request key (the caller's idempotency key, else a fresh one), so the
         transport may repeat it after a lost answer and the gateway still commits it at most once."""
         self._writable()
-        result = self._conn._json(
+        result = self._client.json(
             "POST",
             f"{self._path}/{op}",
             params={"wait": str(wait).lower(), **(params or {})},
@@ -115,7 +117,7 @@ class RemoteTable:
         if self._pinned is not None:
             return self._pinned
         params, position = self._read_params()
-        version = int(self._conn._json("GET", f"{self._path}/version", params=params)["version"])
+        version = int(self._client.json("GET", f"{self._path}/version", params=params)["version"])
         self._seen(position)
         return version
 
@@ -130,26 +132,26 @@ class RemoteTable:
     def stats(self) -> dict[str, Any]:
         """Snapshot facts from the manifest, plus the gateway process's memory."""
         params = {"version": self._pinned} if self._pinned is not None else {}
-        return dict(self._conn._json("GET", f"{self._path}/stats", params=params))
+        return dict(self._client.json("GET", f"{self._path}/stats", params=params))
 
     @property
     def properties(self) -> dict[str, Any]:
         """Properties commits recorded (e.g. the event-log offsets the builder applied)."""
         params = {"version": self._pinned} if self._pinned is not None else {}
-        return dict(self._conn._json("GET", f"{self._path}/properties", params=params)["properties"])
+        return dict(self._client.json("GET", f"{self._path}/properties", params=params)["properties"])
 
     def idempotency_version(self, idempotency_key: str) -> int | None:
         """The version whose commit recorded this idempotency key (None if none retained does)."""
         params: dict[str, Any] = {"key": idempotency_key}
         if self._pinned is not None:
             params["version"] = self._pinned
-        version = self._conn._json("GET", f"{self._path}/idempotency", params=params)["version"]
+        version = self._client.json("GET", f"{self._path}/idempotency", params=params)["version"]
         return None if version is None else int(version)
 
     def versions(self) -> list[dict[str, Any]]:
         """Every retained version (up to this handle's, if it is on a past one): number, time, operation, rows."""
         params = {"version": self._pinned} if self._pinned is not None else {}
-        return list(self._conn._json("GET", f"{self._path}/versions", params=params)["versions"])
+        return list(self._client.json("GET", f"{self._path}/versions", params=params)["versions"])
 
     def checkout(
         self, version: int | None = None, *, as_of: datetime.datetime | int | float | None = None
@@ -176,97 +178,30 @@ class RemoteTable:
             params.update(read)
         if columns is not None:
             params["columns"] = ",".join(columns)
-        result = self._conn._arrow(f"{self._path}/changes", None, params)
+        result = self._client.arrow(f"{self._path}/changes", None, params)
         self._seen(position)
         return result
 
     # -- reads ----------------------------------------------------------------------------
     def to_arrow(self, columns: list[str] | None = None, where: str | None = None) -> pa.Table:
         params, position = self._read_params()
-        result = self._conn._arrow(f"{self._path}/scan", {"columns": columns, "where": where}, params)
+        result = self._client.arrow(f"{self._path}/scan", {"columns": columns, "where": where}, params)
         self._seen(position)
         return result
 
     def count_rows(self, where: str | None = None) -> int:
         params, position = self._read_params()
-        count = int(self._conn._json("POST", f"{self._path}/count", payload={"where": where}, params=params)["count"])
+        count = int(self._client.json("POST", f"{self._path}/count", payload={"where": where}, params=params)["count"])
         self._seen(position)
         return count
 
-    def bm25_search(
-        self, column: str, query: str, k: int = 10, *, mode: str = "any", projection: list[str] | None = None
-    ) -> pa.Table:
-        return self._search("bm25", {"column": column, "query": query, "k": k, "mode": mode, "projection": projection})
-
-    def bm25_search_prefix(
-        self, column: str, prefix: str, k: int = 10, *, projection: list[str] | None = None
-    ) -> pa.Table:
-        return self._search("prefix", {"column": column, "prefix": prefix, "k": k, "projection": projection})
-
-    def token_match(
-        self,
-        column: str,
-        tokens: str | list[str],
-        mode: str = "and",
-        *,
-        projection: list[str] | None = None,
-        max_rows: int | None = None,
-    ) -> pa.Table:
-        body = {"column": column, "tokens": tokens, "mode": mode, "projection": projection, "max_rows": max_rows}
-        return self._search("token_match", body)
-
-    def exact_match(
-        self, column: str, value: str, *, projection: list[str] | None = None, max_rows: int | None = None
-    ) -> pa.Table:
-        body = {"column": column, "value": value, "projection": projection, "max_rows": max_rows}
-        return self._search("exact_match", body)
-
-    def vector_search(
-        self,
-        column: str,
-        vector: Any,
-        k: int = 10,
-        *,
-        nprobe: int | None = None,
-        rerank: int | None = None,
-        filter: dict[str, str] | None = None,
-        where: str | None = None,
-        projection: list[str] | None = None,
-    ) -> pa.Table:
-        body = {
-            "column": column,
-            "vector": _vector(column, vector),
-            "k": k,
-            "nprobe": nprobe,
-            "rerank": rerank,
-            "filter": filter,
-            "where": where,
-            "projection": projection,
-        }
-        return self._search("vector", body)
-
-    def hybrid_search(
-        self,
-        text_column: str,
-        query: str,
-        vector_column: str,
-        vector: Any,
-        k: int = 10,
-        *,
-        projection: list[str] | None = None,
-    ) -> pa.Table:
-        """BM25 and vector kNN fused by reciprocal rank (the ``hybrid_search`` SQL table function), best first."""
-        if self._pinned is not None:
+    def search(self, request: SearchRequest) -> pa.Table:
+        """Run one search on the gateway (``POST /tables/{name}/search/{kind}`` with the request's JSON)."""
+        if isinstance(request, HybridSearch) and self._pinned is not None:
             raise ReadOnlyTableError("hybrid_search runs on the latest version; use sql() on a pinned version")
-        body = {
-            "text_column": text_column,
-            "query": query,
-            "vector_column": vector_column,
-            "vector": _vector(vector_column, vector),
-            "k": k,
-            "projection": projection,
-        }
-        return self._search("hybrid", body)
+        body = request.to_json()
+        del body["kind"]
+        return self._search(request.kind, body)
 
     # -- writes ---------------------------------------------------------------------------
     def append(self, data: Any, *, wait: bool = True, idempotency_key: str | None = None) -> int | None:
@@ -304,7 +239,7 @@ class RemoteTable:
         ``target_bytes``) and drop deleted rows; the gateway runs it. Returns counts and the version published."""
         self._writable()
         body = {"target_rows": target_rows, "target_bytes": target_bytes}
-        return dict(self._conn._json("POST", f"{self._path}/optimize", payload=body))
+        return dict(self._client.json("POST", f"{self._path}/optimize", payload=body))
 
     def cleanup(
         self,
@@ -322,7 +257,7 @@ class RemoteTable:
             "safety_margin": None if safety_margin is None else _seconds("safety_margin", safety_margin),
             "dry_run": dry_run,
         }
-        return dict(self._conn._json("POST", f"{self._path}/cleanup", payload=body))
+        return dict(self._client.json("POST", f"{self._path}/cleanup", payload=body))
 
     def __repr__(self) -> str:
         at = f", version={self._pinned}" if self._pinned is not None else ""
@@ -336,11 +271,3 @@ def _seconds(name: str, value: Any) -> Any:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return value
     raise InvalidOptionError(f"{name} must be a non-negative timedelta or seconds, got {value!r}")
-
-
-def _vector(column: str, vector: Any) -> Any:
-    """The query vector as a JSON list (numpy arrays included); the gateway checks its length and values."""
-    try:
-        return np.asarray(vector, dtype=np.float64).tolist()
-    except (TypeError, ValueError):
-        raise InvalidVectorError(f"query vector for {column!r} must be a list of numbers") from None

@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from superfile.errors import InvalidInputError, InvalidOptionError
+import numpy as np
+
+from superfile.errors import InvalidInputError, InvalidOptionError, InvalidVectorError
 
 __all__ = [
     "KINDS",
@@ -33,10 +35,12 @@ def _positive(name: str, value: int | None) -> None:
         raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _plain(vector: Any) -> list[float]:
-    """A query vector as JSON numbers (numpy arrays and other sequences alike)."""
-    values = vector.tolist() if hasattr(vector, "tolist") else list(vector)
-    return [float(x) for x in values]
+def _plain(column: object, vector: Any) -> Any:
+    """A query vector as JSON numbers (numpy arrays included); the searcher checks its length and values."""
+    try:
+        return np.asarray(vector, dtype=np.float64).tolist()
+    except (TypeError, ValueError):
+        raise InvalidVectorError(f"query vector for {column!r} must be a list of numbers") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,8 +56,9 @@ class SearchRequest:
         """The JSON body (plus ``kind``): lists and numbers only."""
         body: dict[str, Any] = {"kind": self.kind}
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            body[f.name] = _plain(value) if f.name == "vector" else value
+            body[f.name] = getattr(self, f.name)
+        if "vector" in body:
+            body["vector"] = _plain(body.get("vector_column", body.get("column")), body["vector"])
         return body
 
     @staticmethod

@@ -18,12 +18,13 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from superfile._lru import LRU
+from superfile.expressions import Predicate
 from superfile.schema import ID, SCORE
 from superfile.search.fleet import Fleet
 from superfile.table.search import Searcher, check_row_limit
 from superfile.table.snapshot import Snapshot
 
-__all__ = ["RootSearcher"]
+__all__ = ["RootFanout", "RootSearcher"]
 
 _term_cache = LRU(64)  # storage URI # manifest path # column -> {term: table-wide df, _DELETED: deleted length}
 _DELETED = "\x00deleted"  # not a term: analysers never emit a NUL
@@ -36,13 +37,29 @@ _ORDER: dict[str, list[tuple[str, Literal["ascending", "descending"]]]] = {
 }
 
 
+class RootFanout:
+    """A fleet as a table's fan-out (``TableFiles.fanout``): scans and counts run on the cache nodes, and
+    searches are planned by a :class:`RootSearcher` (``Searcher.of`` asks for it, so the table layer never
+    imports the read path built on it)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def scan_parts(self, snap: Snapshot, columns: list[str], where: Predicate | None) -> list[pa.Table]:
+        return self.fleet.scan_parts(snap, columns, where)
+
+    def count(self, snap: Snapshot, where: Predicate) -> int:
+        return self.fleet.count(snap, where)
+
+    def searcher(self, snapshot: Snapshot) -> RootSearcher:
+        return RootSearcher(snapshot, self.fleet)
+
+
 class RootSearcher(Searcher):
     """Every search kind of one call, planned here and run on the cache nodes."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, fleet: Fleet) -> None:
         super().__init__(snapshot)
-        fleet = snapshot.fanout
-        assert isinstance(fleet, Fleet), "a root searcher needs a snapshot with a fleet"
         self.fleet = fleet
 
     def _fan(self, paths: Sequence[str], op: str, args: dict[str, Any]) -> list[Any]:

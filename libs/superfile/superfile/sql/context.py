@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 from datafusion import RuntimeEnvBuilder, SessionConfig, SessionContext, SQLOptions, udtf
@@ -35,10 +35,17 @@ from superfile.sql.limits import SqlLimits, check_text
 from superfile.sql.plan import QueryHints, analyze
 from superfile.table.snapshot import Snapshot
 
-if TYPE_CHECKING:
-    from superfile.connection import Connection
 
-__all__ = ["SqlSession", "run_sql"]
+class Tables(Protocol):
+    """What SQL reads: the catalog's table names and each table's latest snapshot (an embedded
+    ``Connection``; SQL plans on snapshots, so it runs where the engine does)."""
+
+    def table_names(self) -> list[str]: ...
+
+    def snapshot(self, name: str) -> Snapshot: ...
+
+
+__all__ = ["SqlSession", "Tables", "run_sql"]
 
 _PUSHABLE_TYPES = (pa.types.is_integer, pa.types.is_floating, pa.types.is_string, pa.types.is_large_string)
 
@@ -91,9 +98,9 @@ class SqlSession:
     """Pinned snapshots (one per table, taken on first use) and the DataFusion context of one query."""
 
     def __init__(
-        self, conn: Connection, query: str, *, conservative: bool = False, limits: SqlLimits | None = None
+        self, tables: Tables, query: str, *, conservative: bool = False, limits: SqlLimits | None = None
     ) -> None:
-        self.conn = conn
+        self.tables = tables
         self.query = query
         self.limits = limits or SqlLimits()
         self.hints: QueryHints = QueryHints() if conservative else analyze(query)
@@ -121,7 +128,7 @@ class SqlSession:
     def table_names(self) -> list[str]:
         """The catalog's table names, listed once per query."""
         if self._names is None:
-            self._names = self.conn.table_names()
+            self._names = self.tables.table_names()
         return self._names
 
     def _exists(self, name: str) -> bool:
@@ -132,7 +139,8 @@ class SqlSession:
             return False
         return True
 
-    def _resolve(self, name: str) -> str:
+    def resolve(self, name: str) -> str:
+        """The table a query's name means: itself, else the one table equal to it ignoring case."""
         if self._exists(name):
             return name
         folded = [n for n in self.table_names() if n.lower() == name.lower()]
@@ -145,7 +153,7 @@ class SqlSession:
         with self._lock:
             snap = self._snapshots.get(name)
             if snap is None:
-                snap = self.conn.open_table(name).last_snapshot  # opening read the latest pointer already
+                snap = self.tables.snapshot(name)
                 self._snapshots[name] = snap
             return snap
 
@@ -220,7 +228,7 @@ class SqlSession:
             return None
         table, column = self.hints.count
         try:
-            name = self._resolve(table)
+            name = self.resolve(table)
         except TableNotFoundError:
             return None  # DataFusion reports it in its own words
         filtered = table in self.hints.pushdown  # the analysis keyed the WHERE by the name as written
@@ -296,18 +304,18 @@ class SqlSession:
         return result
 
 
-def run_sql(conn: Connection, query: str, limits: SqlLimits | None = None) -> pa.Table:
-    """Run one read-only SQL query over the connection's tables (see docs/sql.md), within ``limits``."""
+def run_sql(tables: Tables, query: str, limits: SqlLimits | None = None) -> pa.Table:
+    """Run one read-only SQL query over the catalog's tables (see docs/sql.md), within ``limits``."""
     if not isinstance(query, str) or not query.strip():
         raise SqlError("the query must be a non-empty SQL string")
     limits = limits or SqlLimits()
     query = check_text(query, limits)
-    session = SqlSession(conn, query, limits=limits)
+    session = SqlSession(tables, query, limits=limits)
     try:
         return session.run()
     except SqlError as e:
         # The static analysis is a hint; should it have missed a table or a column that DataFusion wants,
         # run once more with the conservative hints (the first attempt returned nothing, so nothing is mixed).
         if session.hints.parsed and session.error is None and ("not found" in str(e) or "No field named" in str(e)):
-            return SqlSession(conn, query, conservative=True, limits=limits).run()
+            return SqlSession(tables, query, conservative=True, limits=limits).run()
         raise

@@ -12,6 +12,15 @@ from datafusion import Table
 
 from superfile.errors import InvalidInputError
 from superfile.schema import ID, SCORE
+from superfile.search.request import (
+    Bm25Search,
+    ExactMatch,
+    HybridSearch,
+    PrefixSearch,
+    SearchRequest,
+    TokenMatch,
+    VectorSearch,
+)
 from superfile.table.search import RRF_K, Searcher, rrf_fuse
 
 if TYPE_CHECKING:
@@ -73,69 +82,64 @@ def _relation(result: pa.Table, cols: list[str]) -> Table:
     return Table(ds.dataset(out))
 
 
-def _target(session: SqlSession, args: tuple[Any, ...], fn: str) -> tuple[Searcher, list[str]]:
-    name = session._resolve(_str(args, 0, fn, "the table name"))
+def _run(session: SqlSession, args: tuple[Any, ...], fn: str, request: Callable[[list[str]], SearchRequest]) -> Table:
+    """Run the search ``request`` builds (given the columns the query needs) on the query's pinned snapshot."""
+    name = session.resolve(_str(args, 0, fn, "the table name"))
     snap = session.snapshot(name)
     cols = [c for c in session.needed_columns(snap) if c not in (ID, SCORE)]
-    return Searcher.of(snap), cols
+    return _relation(Searcher.of(snap).search(request(cols)), cols)
 
 
 def vector_search(session: SqlSession, *args: Any) -> Table:
     fn = "vector_search"
     _arity(args, fn, 4, 4, "(table, column, query_vector, k)")
-    searcher, cols = _target(session, args, fn)
     column, q, k = _str(args, 1, fn, "the column"), _vector(args, 2, fn), _int(args, 3, fn, "k")
-    result = searcher.vector_search(
-        column, q, k, nprobe=None, rerank=None, text_filter=None, where=None, projection=cols
-    )
-    return _relation(result, cols)
+    return _run(session, args, fn, lambda cols: VectorSearch(column=column, vector=q, k=k, projection=cols))
 
 
 def bm25_search(session: SqlSession, *args: Any) -> Table:
     fn = "bm25_search"
     _arity(args, fn, 4, 5, "(table, column, query, k [, mode 'any'|'all'])")
-    searcher, cols = _target(session, args, fn)
     mode = _str(args, 4, fn, "the mode") if len(args) > 4 else "any"
-    result = searcher.bm25_search(
-        _str(args, 1, fn, "the column"), _str(args, 2, fn, "the query"), _int(args, 3, fn, "k"), mode, cols
-    )
-    return _relation(result, cols)
+    column, query, k = _str(args, 1, fn, "the column"), _str(args, 2, fn, "the query"), _int(args, 3, fn, "k")
+    return _run(session, args, fn, lambda cols: Bm25Search(column=column, query=query, k=k, mode=mode, projection=cols))
 
 
 def bm25_search_prefix(session: SqlSession, *args: Any) -> Table:
     fn = "bm25_search_prefix"
     _arity(args, fn, 4, 4, "(table, column, prefix, k)")
-    searcher, cols = _target(session, args, fn)
-    result = searcher.bm25_search_prefix(
-        _str(args, 1, fn, "the column"), _str(args, 2, fn, "the prefix"), _int(args, 3, fn, "k"), cols
-    )
-    return _relation(result, cols)
+    column, prefix, k = _str(args, 1, fn, "the column"), _str(args, 2, fn, "the prefix"), _int(args, 3, fn, "k")
+    return _run(session, args, fn, lambda cols: PrefixSearch(column=column, prefix=prefix, k=k, projection=cols))
 
 
 def token_match(session: SqlSession, *args: Any) -> Table:
     fn = "token_match"
     _arity(args, fn, 3, 4, "(table, column, query [, mode 'and'|'or'])")
-    searcher, cols = _target(session, args, fn)
     mode = _str(args, 3, fn, "the mode") if len(args) > 3 else "and"
-    result = searcher.token_match(_str(args, 1, fn, "the column"), _str(args, 2, fn, "the query"), mode, cols)
-    return _relation(result, cols)
+    column, tokens = _str(args, 1, fn, "the column"), _str(args, 2, fn, "the query")
+    return _run(session, args, fn, lambda cols: TokenMatch(column=column, tokens=tokens, mode=mode, projection=cols))
 
 
 def exact_match(session: SqlSession, *args: Any) -> Table:
     fn = "exact_match"
     _arity(args, fn, 3, 3, "(table, column, value)")
-    searcher, cols = _target(session, args, fn)
-    result = searcher.exact_match(_str(args, 1, fn, "the column"), _str(args, 2, fn, "the value"), cols)
-    return _relation(result, cols)
+    column, value = _str(args, 1, fn, "the column"), _str(args, 2, fn, "the value")
+    return _run(session, args, fn, lambda cols: ExactMatch(column=column, value=value, projection=cols))
 
 
 def hybrid_search(session: SqlSession, *args: Any) -> Table:
     fn = "hybrid_search"
     _arity(args, fn, 6, 6, "(table, text_column, query_text, vector_column, query_vector, k)")
-    searcher, cols = _target(session, args, fn)
     text_col, q_text = _str(args, 1, fn, "the text column"), _str(args, 2, fn, "the text query")
     vec_col, q_vec, k = _str(args, 3, fn, "the vector column"), _vector(args, 4, fn), _int(args, 5, fn, "k")
-    return _relation(searcher.hybrid_search(text_col, q_text, vec_col, q_vec, k, cols), cols)
+    return _run(
+        session,
+        args,
+        fn,
+        lambda cols: HybridSearch(
+            text_column=text_col, query=q_text, vector_column=vec_col, vector=q_vec, k=k, projection=cols
+        ),
+    )
 
 
 FUNCTIONS: dict[str, Callable[..., Table]] = {

@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from superfile.api import Table
 from superfile.commit.publish import Change, publish
 from superfile.errors import (
     InvalidOptionError,
@@ -23,6 +24,7 @@ from superfile.expressions import parse_predicate
 from superfile.manifest.log import full_history, oldest_retained
 from superfile.manifest.model import HistoryEntry, ManifestList, Pointer
 from superfile.options import TableOptions
+from superfile.search.request import SearchRequest
 from superfile.table import changes as _changes
 from superfile.table import cleanup as _cleanup
 from superfile.table import history as _history
@@ -36,12 +38,6 @@ from superfile.validate import DEFAULT_RETENTION, check_key, check_version, to_m
 __all__ = ["Supertable", "Transaction"]
 
 
-def _positive(max_rows: int | None) -> int | None:
-    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
-        raise InvalidOptionError(f"max_rows must be a positive integer, got {max_rows!r}")
-    return max_rows
-
-
 def _rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as f:
@@ -50,7 +46,7 @@ def _rss_bytes() -> int:
         return 0
 
 
-class Supertable:
+class Supertable(Table):
     """A table of many immutable superfiles. Obtain one from a Connection.
 
     Each call reads one snapshot chosen by the table's consistency policy
@@ -155,9 +151,7 @@ class Supertable:
         current at ``as_of`` (a datetime, naive meaning UTC, or epoch milliseconds)."""
         if (version is None) == (as_of is None):
             raise InvalidOptionError("give exactly one of version and as_of")
-        entry = (
-            self._history_entry(check_version(version)) if version is not None else self._entry_as_of(as_of)
-        )
+        entry = self.history_entry(check_version(version)) if version is not None else self._entry_as_of(as_of)
         try:
             manifest = self._files.manifests.load_list(entry.manifest)
         except ObjectNotFoundError:
@@ -174,7 +168,8 @@ class Supertable:
         oldest = oldest_retained(storage)
         return tuple(h for h in full_history(storage, self._refresh_for_history().manifest) if h.version >= oldest)
 
-    def _history_entry(self, version: int) -> HistoryEntry:
+    def history_entry(self, version: int) -> HistoryEntry:
+        """The retained history entry of ``version`` (VersionNotFoundError past retention)."""
         manifest = self._refresh_for_history().manifest
         tail = manifest.history_tail
         if tail[0].version <= version <= tail[-1].version and version >= oldest_retained(self._files.storage):
@@ -274,75 +269,10 @@ class Supertable:
         return snap.count(parse_predicate(where, snap.schema) if where is not None else None)
 
     # -- search -------------------------------------------------------------------
-    def bm25_search(
-        self, column: str, query: str, k: int = 10, *, mode: str = "any", projection: list[str] | None = None
-    ) -> pa.Table:
-        """BM25 top-k over a full-text column with table-wide statistics, highest score first.
-        ``mode`` "any" matches rows with any query term, "all" only rows with every term."""
-        return Searcher.of(self._current()).bm25_search(column, query, k, mode, projection)
-
-    def bm25_search_prefix(
-        self, column: str, prefix: str, k: int = 10, *, projection: list[str] | None = None
-    ) -> pa.Table:
-        """BM25 top-k where the query is expanded as a term prefix (the most frequent expansions)."""
-        return Searcher.of(self._current()).bm25_search_prefix(column, prefix, k, projection)
-
-    def token_match(
-        self,
-        column: str,
-        tokens: str | list[str],
-        mode: str = "and",
-        *,
-        projection: list[str] | None = None,
-        max_rows: int | None = None,
-    ) -> pa.Table:
-        """Every row containing all (``and``) or any (``or``) of the tokens: unranked, score null. More
-        matches than ``max_rows`` is a :class:`QueryLimitError` (raised before any row is read)."""
-        return Searcher.of(self._current()).token_match(column, tokens, mode, projection, _positive(max_rows))
-
-    def exact_match(
-        self, column: str, value: str, *, projection: list[str] | None = None, max_rows: int | None = None
-    ) -> pa.Table:
-        """Every row whose stored value equals ``value`` exactly (index-pruned, then compared raw); more
-        than ``max_rows`` is a :class:`QueryLimitError`."""
-        return Searcher.of(self._current()).exact_match(column, value, projection, _positive(max_rows))
-
-    def vector_search(
-        self,
-        column: str,
-        vector: Any,
-        k: int = 10,
-        *,
-        nprobe: int | None = None,
-        rerank: int | None = None,
-        filter: dict[str, str] | None = None,
-        where: str | None = None,
-        projection: list[str] | None = None,
-    ) -> pa.Table:
-        """k nearest rows by the column's metric, nearest first (score = distance).
-
-        ``filter`` ({"column", "query", "mode"}) and ``where`` (a SQL predicate)
-        restrict the candidates inside the ranking: the k returned are the
-        nearest rows that satisfy them. ``nprobe`` (clusters probed) and
-        ``rerank`` (exactly re-scored candidates) trade recall for speed.
-        """
-        return Searcher.of(self._current()).vector_search(
-            column, vector, k, nprobe=nprobe, rerank=rerank, text_filter=filter, where=where, projection=projection
-        )
-
-    def hybrid_search(
-        self,
-        text_column: str,
-        query: str,
-        vector_column: str,
-        vector: Any,
-        k: int = 10,
-        *,
-        projection: list[str] | None = None,
-    ) -> pa.Table:
-        """BM25 and vector kNN on one snapshot fused by reciprocal rank (as the ``hybrid_search`` SQL table
-        function), best first: ``_id``, ``score`` (higher is better), the projected columns."""
-        return Searcher.of(self._current()).hybrid_search(text_column, query, vector_column, vector, k, projection)
+    def search(self, request: SearchRequest) -> pa.Table:
+        """Run one search on the current snapshot (the keyword methods of :class:`superfile.api.Table`
+        build the request): in this process, or fanned out to cache nodes on a query service."""
+        return Searcher.of(self._current()).search(request)
 
     # -- writes -------------------------------------------------------------------
     def transaction(self, *, precondition: Callable[[ManifestList], None] | None = None) -> Transaction:
@@ -405,8 +335,8 @@ class Supertable:
     ) -> pa.Table:
         """Rows inserted and deleted between two retained versions (default to: the current one), with
         ``_change`` ("insert"/"delete") and ``_id``; an update shows as both. See ``table/changes.py``."""
-        old = self.checkout(from_version)._snapshot
-        new = self.checkout(to_version)._snapshot if to_version is not None else self._current()
+        old = self.checkout(from_version).last_snapshot
+        new = self.checkout(to_version).last_snapshot if to_version is not None else self._current()
         return _changes.changes(old, new, columns)
 
     def __repr__(self) -> str:

@@ -44,6 +44,15 @@ from superfile.format.vector_union import VectorUnion
 from superfile.manifest.model import SuperfileEntry
 from superfile.pools import query_pool
 from superfile.schema import ID, SCORE
+from superfile.search.request import (
+    Bm25Search,
+    ExactMatch,
+    HybridSearch,
+    PrefixSearch,
+    SearchRequest,
+    TokenMatch,
+    VectorSearch,
+)
 from superfile.table.snapshot import Snapshot
 
 __all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "check_row_limit", "rrf_fuse", "top_terms"]
@@ -162,11 +171,43 @@ class Searcher:
     @staticmethod
     def of(snapshot: Snapshot) -> Searcher:
         """The searcher for ``snapshot``: in this process, or a query root fanning out to cache nodes."""
-        if snapshot.fanout is None:
-            return Searcher(snapshot)
-        from superfile.search.root import RootSearcher  # the root builds on this module
+        fanout = snapshot.fanout
+        return Searcher(snapshot) if fanout is None else fanout.searcher(snapshot)
 
-        return RootSearcher(snapshot)
+    def search(self, request: SearchRequest) -> pa.Table:
+        """Run one search request (the one entry point of the handle, SQL, the gateway and the SDK)."""
+        match request:
+            case Bm25Search():
+                return self.bm25_search(request.column, request.query, request.k, request.mode, request.projection)
+            case PrefixSearch():
+                return self.bm25_search_prefix(request.column, request.prefix, request.k, request.projection)
+            case TokenMatch():
+                return self.token_match(
+                    request.column, request.tokens, request.mode, request.projection, request.max_rows
+                )
+            case ExactMatch():
+                return self.exact_match(request.column, request.value, request.projection, request.max_rows)
+            case VectorSearch():
+                return self.vector_search(
+                    request.column,
+                    request.vector,
+                    request.k,
+                    nprobe=request.nprobe,
+                    rerank=request.rerank,
+                    text_filter=request.filter,
+                    where=request.where,
+                    projection=request.projection,
+                )
+            case HybridSearch():
+                return self.hybrid_search(
+                    request.text_column,
+                    request.query,
+                    request.vector_column,
+                    request.vector,
+                    request.k,
+                    request.projection,
+                )
+        raise InvalidInputError(f"not a search request: {request!r}")
 
     # -- validation ------------------------------------------------------------------
     def _fts_column(self, column: str) -> str:

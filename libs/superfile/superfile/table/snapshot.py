@@ -6,7 +6,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -57,12 +57,16 @@ def _read_columns(reader: SuperfileReader, names: list[str], rows: np.ndarray | 
 
 
 class Fanout(Protocol):
-    """Where a query root sends the per-superfile work of a whole snapshot (``superfile.search.fleet``):
-    scans and counts here; searches through :meth:`superfile.table.search.Searcher.of`."""
+    """Where a query root sends the per-superfile work of a whole snapshot (``superfile.search.root``):
+    scans and counts, and the searcher that plans a search and fans it out."""
 
     def scan_parts(self, snap: Snapshot, columns: list[str], where: Predicate | None) -> list[pa.Table]: ...
 
     def count(self, snap: Snapshot, where: Predicate) -> int: ...
+
+    def searcher(self, snapshot: Snapshot) -> Any:
+        """A ``superfile.table.search.Searcher`` for ``snapshot`` that runs its per-superfile work here."""
+        ...
 
 
 class TableFiles:
