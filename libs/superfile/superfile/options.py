@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import pyarrow as pa
@@ -172,6 +172,3 @@ class TableOptions:
         p = d.get("partition")
         kw["partition"] = p if (p is None or isinstance(p, PartitionSpec)) else PartitionSpec(**p)
         return cls(**kw)
-
-    def with_overrides(self, **kw: Any) -> TableOptions:
-        return replace(self, **kw)

@@ -1,4 +1,5 @@
-"""Table-wide BM25 (``FullTextIndex.search_global``): exact against brute force, invariant under splitting."""
+"""Table-wide BM25 (``FullTextIndex.candidates``, ``global_top_k``): exact against brute force, invariant under
+splitting."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import superfile.format.fulltext as fulltext
 import tantivy
 from superfile.errors import InvalidOptionError
 from superfile.format import SuperfileReader, SuperfileSpec, build_superfile
-from superfile.format.fulltext import CorpusStats, FullTextIndex
+from superfile.format.fulltext import CorpusStats, FullTextIndex, global_top_k
 from superfile.format.tantivy_files import FIELDNORMS, fieldnorm_id
 
 DATA = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield"
@@ -70,6 +71,26 @@ def sixteen(docs: pa.Table, tmp_path_factory: pytest.TempPathFactory) -> list[Pa
     return split(docs, 16, tmp_path_factory.mktemp("sixteen"))
 
 
+def search_global(
+    fts: FullTextIndex,
+    terms: Sequence[str],
+    k: int,
+    stats: CorpusStats,
+    *,
+    mode: str = "any",
+    allow: pyroaring.AbstractBitMap | None = None,
+    weights: Mapping[str, float] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One file's exact top-``k`` under table-wide statistics, best first (ties by row): the table's path,
+    ``candidates`` then ``global_top_k``, over this one file."""
+    found = fts.candidates(terms, k, stats, mode=mode, allow=allow, weights=weights)
+    if found is None:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    rows, scores = global_top_k([found], k)[0]
+    order = np.lexsort((rows, -scores))[:k]
+    return rows[order], scores[order]
+
+
 def stats_of(parts: Sequence[Part], terms: Sequence[str]) -> CorpusStats:
     """What the table computes: N and token totals from the manifest, df summed over files."""
     return CorpusStats(
@@ -84,7 +105,7 @@ def table_search(parts: Sequence[Part], terms: list[str], k: int = 10, mode: str
     stats = stats_of(parts, terms)
     hits = []
     for p in parts:
-        rows, scores = p.fts.search_global(terms, k, stats, mode=mode)
+        rows, scores = search_global(p.fts, terms, k, stats, mode=mode)
         hits += [(p.base + r, s) for r, s in zip(rows.tolist(), scores.tolist(), strict=True)]
     return sorted(hits, key=lambda h: (-h[1], h[0]))[:k]
 
@@ -160,7 +181,7 @@ def test_one_file_with_its_own_statistics_is_tantivys_bm25(one: list[Part], quer
     fts = one[0].fts
     for q in queries[:60]:
         terms = fts.analyze(q)
-        got = fts.search_global(terms, 10, stats_of(one, terms))
+        got = search_global(fts, terms, 10, stats_of(one, terms))
         assert_same_top(got, fts.search(terms, 10))
 
 
@@ -180,7 +201,7 @@ def test_exact_against_brute_force(
                 {t: df * n_factor + (n_factor > 1) for t, df in own.doc_freq.items()},
             )
             for k in (1, 10, 40):
-                assert_same_top(fts.search_global(terms, k, stats, mode=mode), brute.top(terms, k, stats, mode))
+                assert_same_top(search_global(fts, terms, k, stats, mode=mode), brute.top(terms, k, stats, mode))
 
 
 def test_allow_bitmap(one: list[Part], brute: BruteForce, queries: list[str]) -> None:
@@ -198,9 +219,9 @@ def test_allow_bitmap(one: list[Part], brute: BruteForce, queries: list[str]) ->
         stats = CorpusStats(n * 4, brute.lengths.sum() * 5, {t: 4 * d for t, d in brute.stats(terms).doc_freq.items()})
         for allow in allows:
             for mode in ("any", "all"):
-                got = fts.search_global(terms, 10, stats, mode=mode, allow=allow)
+                got = search_global(fts, terms, 10, stats, mode=mode, allow=allow)
                 assert_same_top(got, brute.top(terms, 10, stats, mode, allow=set(allow)))
-    assert fts.search_global(["flow"], 10, brute.stats(["flow"]), allow=pyroaring.BitMap())[0].size == 0
+    assert search_global(fts, ["flow"], 10, brute.stats(["flow"]), allow=pyroaring.BitMap())[0].size == 0
 
 
 def test_prefix_expansion_and_weights(one: list[Part], brute: BruteForce) -> None:
@@ -210,37 +231,37 @@ def test_prefix_expansion_and_weights(one: list[Part], brute: BruteForce) -> Non
         terms = fts.prefix_terms(prefix)[:64]
         assert len(terms) > 3
         stats = brute.stats(terms)
-        assert_same_top(fts.search_global(terms, 10, stats), brute.top(terms, 10, stats))
+        assert_same_top(search_global(fts, terms, 10, stats), brute.top(terms, 10, stats))
         weights = {t: 1 / (1 + i) for i, t in enumerate(terms)}
-        got = fts.search_global(terms, 10, stats, weights=weights)
+        got = search_global(fts, terms, 10, stats, weights=weights)
         assert_same_top(got, brute.top(terms, 10, stats, weights=weights))
 
 
 def test_edge_cases(one: list[Part], brute: BruteForce) -> None:
     fts = one[0].fts
     stats = brute.stats(["flow", "wing", "zzzabsent"])
-    assert fts.search_global([], 10, stats)[0].size == 0
-    assert fts.search_global(["flow"], 0, stats)[0].size == 0
-    assert fts.search_global(["zzzabsent"], 10, stats)[0].size == 0
-    assert fts.search_global(["flow", "zzzabsent"], 10, stats, mode="all")[0].size == 0
-    every = fts.search_global(["flow", "flow"], 10**6, stats)  # duplicates count once; k beyond the matches
+    assert search_global(fts, [], 10, stats)[0].size == 0
+    assert search_global(fts, ["flow"], 0, stats)[0].size == 0
+    assert search_global(fts, ["zzzabsent"], 10, stats)[0].size == 0
+    assert search_global(fts, ["flow", "zzzabsent"], 10, stats, mode="all")[0].size == 0
+    every = search_global(fts, ["flow", "flow"], 10**6, stats)  # duplicates count once; k beyond the matches
     assert_same_top(every, brute.top(["flow"], 10**6, stats))
     assert len(every[0]) == stats.doc_freq["flow"]
     # weight 0: in "all" the term still filters, in "any" it is dropped
     zero = {"wing": 0.0}
     assert_same_top(
-        fts.search_global(["flow", "wing"], 20, stats, mode="all", weights=zero),
+        search_global(fts, ["flow", "wing"], 20, stats, mode="all", weights=zero),
         brute.top(["flow", "wing"], 20, stats, "all", weights=zero),
     )
-    assert_same_top(fts.search_global(["flow", "wing"], 20, stats, weights=zero), brute.top(["flow"], 20, stats))
+    assert_same_top(search_global(fts, ["flow", "wing"], 20, stats, weights=zero), brute.top(["flow"], 20, stats))
     with pytest.raises(InvalidOptionError):
-        fts.search_global(["flow"], 10, CorpusStats(10, stats.total_tokens, stats.doc_freq))  # N below the file's
+        search_global(fts, ["flow"], 10, CorpusStats(10, stats.total_tokens, stats.doc_freq))  # N below the file's
     with pytest.raises(InvalidOptionError):
-        fts.search_global(["flow"], 10, CorpusStats(stats.num_docs, stats.total_tokens, {}))  # df missing
+        search_global(fts, ["flow"], 10, CorpusStats(stats.num_docs, stats.total_tokens, {}))  # df missing
     with pytest.raises(InvalidOptionError):
-        fts.search_global(["flow"], 10, stats, mode="some")
+        search_global(fts, ["flow"], 10, stats, mode="some")
     with pytest.raises(InvalidOptionError):
-        fts.search_global(["flow"], 10, stats, weights={"flow": -1.0})
+        search_global(fts, ["flow"], 10, stats, weights={"flow": -1.0})
 
 
 def test_ndcg_at_10(sixteen: list[Part], queries: list[str]) -> None:
@@ -275,7 +296,7 @@ def test_fieldnorms_and_token_totals_match_tantivy(tmp_path: Path) -> None:
     # huge tf (70,000, 4,097): float32 scores cannot tell tf apart there, the explanation fallback must
     stats = CorpusStats(1000, 500_000, {"w": 300})
     brute = BruteForce(fts, texts)
-    assert_same_top(fts.search_global(["w"], 20, stats), brute.top(["w"], 20, stats))
+    assert_same_top(search_global(fts, ["w"], 20, stats), brute.top(["w"], 20, stats))
     texts2 = [f"{t} x y" if t else "x" for t in texts]
     table2 = pa.table({"_id": pa.array(range(len(texts2)), pa.uint64()), "t": pa.array(texts2, pa.string())})
     built2 = build_superfile(table2, SuperfileSpec(fts_columns={"t": "simple"}, vector_columns={}))
@@ -283,7 +304,7 @@ def test_fieldnorms_and_token_totals_match_tantivy(tmp_path: Path) -> None:
     brute2 = BruteForce(fts2, texts2)
     stats2 = CorpusStats(1000, 500_000, {"w": 300, "x": 500, "y": 20})
     for mode in ("any", "all"):
-        got = fts2.search_global(["w", "x", "y"], 20, stats2, mode=mode)
+        got = search_global(fts2, ["w", "x", "y"], 20, stats2, mode=mode)
         assert_same_top(got, brute2.top(["w", "x", "y"], 20, stats2, mode))
 
 
@@ -313,4 +334,4 @@ def test_several_segments_and_blobs_without_norms(monkeypatch: pytest.MonkeyPatc
             7000, int(brute.lengths.sum()) * 3, {t: d + 5 for t, d in brute.stats(terms).doc_freq.items()}
         )
         for index in (fts, bare):
-            assert_same_top(index.search_global(terms, 10, stats), brute.top(terms, 10, stats))
+            assert_same_top(search_global(index, terms, 10, stats), brute.top(terms, 10, stats))

@@ -126,7 +126,7 @@ def test_blob_header_is_self_describing() -> None:
     tags = {struct.unpack_from("<4sIQQ", blob, 48 + 24 * i)[0] for i in range(count)}
     assert {b"CENT", b"COFF", b"CODE", b"VECS", b"RIDS", b"RPOS"} <= tags
     index = VectorIndex.from_buffer(blob)
-    assert (index.nlist, index.default_nprobe, index.default_rerank) == (40, 7, 33)
+    assert (index.nlist, index.default_nprobe) == (40, 7)
 
 
 def test_from_buffer_does_not_copy() -> None:
@@ -255,18 +255,6 @@ def test_filter_edge_cases(ivf_index, blobs) -> None:
         ivf_index.search(q, 10, allow={1, 2, 3})
 
 
-def test_search_many_matches_search(ivf_index, blobs) -> None:
-    x, queries = blobs
-    allow = BitMap(range(0, len(x), 3))
-    rows, dists = ivf_index.search_many(queries[:8], 5, allow=allow)
-    assert rows.shape == dists.shape == (8, 5)
-    for q, r, d in zip(queries[:8], rows, dists, strict=True):
-        one_rows, one_dists = ivf_index.search(q, 5, allow=allow)
-        assert np.array_equal(r, one_rows) and np.allclose(d, one_dists)
-    padded, pad_dist = ivf_index.search_many(queries[:2], 5, allow=BitMap([1, 2]))
-    assert padded[:, 2:].tolist() == [[-1] * 3] * 2 and np.isinf(pad_dist[:, 2:]).all()
-
-
 # -- exactness of the distances and of exhaustive search ----------------------------------------
 
 
@@ -321,8 +309,6 @@ def test_tiny_files(kind, metric, n) -> None:
         assert set(rows.tolist()) == set(want.tolist())
         rows, _ = index.search(q, 3, allow=BitMap([0, n - 1]))
         assert sorted(rows.tolist()) == sorted({0, n - 1})
-    center, radius = index.centroid_radius()
-    assert center.shape == (8,) and radius >= 0
     assert index.vectors(np.arange(n)).shape == (n, 8)
 
 
@@ -332,19 +318,6 @@ def test_k_larger_than_n_returns_every_row() -> None:
     rows, _ = index.search(x[0], 100)
     assert sorted(rows.tolist()) == list(range(37))
     assert len(index.search(x[0], 0)[0]) == 0
-
-
-@pytest.mark.parametrize("metric", METRICS)
-def test_centroid_radius_bounds_every_row(metric) -> None:
-    x = clustered(3_000, 16, seed=9) + 2.0
-    center, radius = VectorIndex.from_buffer(build_vector_index(x, metric)).centroid_radius()
-    if metric == "cosine":
-        unit = x / np.linalg.norm(x, axis=1, keepdims=True)
-        assert np.linalg.norm(center) == pytest.approx(1.0, abs=1e-5)
-        farthest = float(np.arccos(np.clip(unit @ center, -1, 1)).max())
-    else:
-        farthest = float(np.linalg.norm(x - center, axis=1).max())
-    assert farthest <= radius <= farthest * 1.001 + 1e-4
 
 
 # -- typed errors -------------------------------------------------------------------------------

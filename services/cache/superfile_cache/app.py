@@ -15,7 +15,6 @@ import json
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -30,8 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from superfile import Connection
 from superfile.errors import InvalidInputError, SuperfileError
 from superfile.remote.wire import ARROW_STREAM, to_ipc
-from superfile.search.leaf import LeafRequest
-from superfile.search.leaf import run
+from superfile.search.leaf import LeafRequest, run
 from superfile.telemetry import CONTENT_TYPE, meter, render, seconds_histogram
 
 __all__ = ["CacheNode", "NodeSettings", "create_app"]
@@ -82,7 +80,6 @@ class CacheNode:
         self._lock = threading.Lock()
         self.served = 0
         self.started = time.time()
-        self._recent: deque[float] = deque(maxlen=256)
         m = meter("superfile.cache")
         self.leaf_seconds = seconds_histogram(m, "superfile.cache.leaf.duration", "Leaf request latency by op")
         self.errors = m.create_counter("superfile.cache.errors", description="Leaf errors by type")

@@ -18,7 +18,7 @@ Null values add a document with ``_row`` only: no terms, no hash.
 
 Besides tantivy's files the blob carries ``superfile-norms``: every row's
 tantivy fieldnorm id (its quantised analysed length) and the exact token total,
-which :meth:`FullTextIndex.search_global` needs to score with table-wide BM25
+which :meth:`FullTextIndex.candidates` needs to score with table-wide BM25
 statistics (see "Table-wide BM25" in ``docs/format.md``).
 """
 
@@ -74,7 +74,7 @@ _NORMS_MAGIC = b"SFNORMS1"
 _K1, _B = 1.2, 0.75  # tantivy's BM25 constants
 _SLACK = 1e-4  # relative margin on every score bound: covers tantivy's float32 arithmetic many times over
 _ROUNDING = 2.0**-20  # relative error bound of a tantivy score as we recompute it (float32: 2^-24 per operation)
-_FIRST_EXTRA = 32  # search_global reads k + this many candidates first, then 4x as many per round
+_FIRST_EXTRA = 32  # candidates reads k + this many hits first, then 4x as many per round
 _ROW_DISJUNCTION = 512  # up to this many rows, a row filter is a union of _row terms, else a term set
 _FULL_POSTINGS = 6  # a term's scores come from all its postings if df <= this * candidates (else restricted)
 
@@ -256,7 +256,7 @@ class FullTextIndex:
         self, index: tantivy.Index, tokenizer: str, *, norms: _Norms | None = None, directory: str | None = None
     ) -> None:
         """``norms`` (from the blob) or ``directory`` (where the index's files are, to decode them on
-        first use) enable :meth:`search_global` and an exact :attr:`total_tokens`."""
+        first use) enable :meth:`candidates` and an exact :attr:`total_tokens`."""
         self.index = index
         self.tokenizer = tokenizer
         self._analyzer = make_analyzer(tokenizer)
@@ -412,35 +412,6 @@ class FullTextIndex:
             if keep.sum() >= k or len(rows) < limit:
                 return rows[keep][:k], scores[keep][:k]
             limit *= 4
-
-    def search_global(
-        self,
-        terms: Sequence[str],
-        k: int,
-        stats: CorpusStats,
-        *,
-        mode: str = "any",
-        allow: pyroaring.AbstractBitMap | None = None,
-        weights: Mapping[str, float] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-``k`` under BM25 with table-wide statistics: (row offsets int64, scores float32).
-
-        score(d) = sum over terms t in d of w_t * idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
-        with idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5)), N, df and avgdl =
-        total_tokens / N from ``stats``, dl the row's length as tantivy
-        quantises it (:data:`FIELDNORMS`), k1 = 1.2, b = 0.75, w_t = ``weights``
-        (default 1; 0 in mode "all" keeps the term as a filter). Computed in
-        float64 from per-row quantities only, so a row scores the same however
-        the table is split into files. Best first; ties by row offset; rows
-        scoring 0 are not returned. ``mode`` and ``allow`` as in :meth:`search`.
-        The one-file case of :func:`global_top_k` (see :meth:`candidates`).
-        """
-        found = self.candidates(terms, k, stats, mode=mode, allow=allow, weights=weights)
-        if found is None:
-            return np.empty(0, np.int64), np.empty(0, np.float32)
-        rows, scores = global_top_k([found], k)[0]
-        order = np.lexsort((rows, -scores))[:k]
-        return rows[order], scores[order]
 
     def candidates(
         self,
@@ -647,7 +618,16 @@ def _kth_low(found: Sequence[Candidates], k: int) -> float:
 
 def global_top_k(found: Sequence[Candidates], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """The table-wide exact top-``k`` over several files' candidates: per file, (row offsets, exact scores) of
-    its rows that can be in it (the caller ranks them; at most ``k`` of them all are).
+    its rows that can be in it (the caller ranks them: best first, ties by row; at most ``k`` of them all are).
+
+    score(d) = sum over terms t in d of w_t * idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
+    with idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5)), N, df and avgdl =
+    total_tokens / N from the candidates' ``stats``, dl the row's length as
+    tantivy quantises it (:data:`~superfile.format.tantivy_files.FIELDNORMS`),
+    k1 = 1.2, b = 0.75, w_t = ``weights`` (default 1; 0 in mode "all" keeps the
+    term as a filter). Computed in float64 from per-row quantities only, so a
+    row scores the same however the table is split into files; rows scoring 0
+    are not returned. One file's exact top-k is this over its candidates alone.
 
     Files whose unread rows could still beat the k-th best lower bound read deeper; then exact scores are
     computed only for candidates whose upper bound reaches it. A file none of whose candidates can make the
@@ -707,7 +687,7 @@ class _Lengths:
 
 @dataclass
 class _GlobalPlan:
-    """One :meth:`FullTextIndex.search_global` call: the candidate query and the exact rescoring."""
+    """One :meth:`FullTextIndex.candidates` call: the candidate query and the exact rescoring."""
 
     index: FullTextIndex
     ids: np.ndarray  # the file's fieldnorm id per row

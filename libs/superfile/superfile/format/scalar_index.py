@@ -272,7 +272,6 @@ class ScalarIndex:
                     raise ValueError(f"part {name!r} out of bounds")
             self.type: pa.DataType = pa.ipc.read_schema(pa.py_buffer(bytes(self._parts["schema"]))).field(0).type
             self._nulls = pyroaring.FrozenBitMap.deserialize(bytes(self._parts["nulls"]))
-            self._nans = pyroaring.FrozenBitMap.deserialize(bytes(self._parts["nans"]))
             if self._key == "bytes":
                 self._offsets = self._array("key_offsets", "<i8", self.count + 1)
                 self._data = self._parts["key_data"]

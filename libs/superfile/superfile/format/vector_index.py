@@ -156,7 +156,6 @@ class VectorIndex:
         self._h = header
         self.dim, self.metric, self.num_rows, self.kind = header.dim, header.metric, header.n, header.kind
         n, dim, nlist = header.n, header.dim, header.nlist
-        self._centroid = _view(sections[b"SUMM"], np.float32, (dim,))
         self._norms = _view(sections[b"NORM"], np.float32, (n,))
         self._vecs = _view(sections[b"VECS"], np.float32, (n, dim))
         self._hnsw: UsearchIndex | None = None
@@ -198,10 +197,6 @@ class VectorIndex:
     def default_nprobe(self) -> int:
         return self._h.nprobe
 
-    @property
-    def default_rerank(self) -> int:
-        return self._h.rerank
-
     def search(
         self,
         query: npt.ArrayLike,
@@ -221,32 +216,6 @@ class VectorIndex:
         q = self.prepare_query(query)
         k, nprobe, rerank = self._knobs(k, nprobe, rerank)
         return self._search(q, k, nprobe, rerank, self._filter(allow))
-
-    def search_many(
-        self,
-        queries: npt.ArrayLike,
-        k: int,
-        *,
-        nprobe: int | None = None,
-        rerank: int | None = None,
-        allow: AbstractBitMap | None = None,
-    ) -> tuple[_Ints, _Floats]:
-        """Batched :meth:`search`: (rows (m, k) padded with -1, distances (m, k) padded with inf).
-
-        The filter is prepared once for the whole batch.
-        """
-        qs = _float_array(queries, "queries")
-        if qs.ndim != 2:
-            raise VectorDimensionError(f"queries must be a 2-d array (m, {self.dim}), got shape {qs.shape}")
-        k, nprobe, rerank = self._knobs(k, nprobe, rerank)
-        flt = self._filter(allow)
-        rows = np.full((len(qs), k), -1, dtype=np.int64)
-        dists = np.full((len(qs), k), np.inf, dtype=np.float32)
-        for i, query in enumerate(qs):
-            r, d = self._search(self.prepare_query(query), k, nprobe, rerank, flt)
-            rows[i, : len(r)] = r
-            dists[i, : len(d)] = d
-        return rows, dists
 
     def vectors(self, rows: npt.ArrayLike) -> _Floats:
         """The original float32 vectors of these row offsets, shape (len(rows), dim)."""
@@ -274,15 +243,6 @@ class VectorIndex:
             h.nprobe,
             h.rerank,
         )
-
-    def centroid_radius(self) -> tuple[_Floats, float]:
-        """Manifest summary: a centroid and an upper bound on any row's distance from it.
-
-        cosine: unit centroid and the largest angle in radians; l2 and dot: the mean
-        and the largest Euclidean distance. Both are metric spaces, so a query q can
-        skip the file when its bound (docs/vector-index.md) exceeds the k-th best.
-        """
-        return self._centroid.copy(), self._h.radius
 
     # -- search internals -------------------------------------------------------------------
 

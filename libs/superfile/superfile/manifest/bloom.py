@@ -57,9 +57,6 @@ class BloomFilter:
         with np.errstate(over="ignore"):
             return ((h1[:, None] + i[None, :] * h2[:, None]) % np.uint64(m)).astype(np.int64)
 
-    def might_contain(self, term: str) -> bool:
-        return bool(self.might_contain_many([term])[0])
-
     def might_contain_many(self, terms: list[str]) -> np.ndarray:
         """One bool per term; False means the term is certainly absent."""
         if not terms:
