@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from superfile.arrow_input import CHUNK_BYTES, chunks, to_table
 from superfile.errors import (
     InvalidInputError,
     InvalidOptionError,
@@ -17,7 +19,7 @@ from superfile.errors import (
 )
 from superfile.options import TableOptions
 
-__all__ = ["ID", "SCORE", "coerce", "table_schema", "to_arrow_table", "user_schema"]
+__all__ = ["ID", "SCORE", "coerce", "coerce_chunks", "table_schema", "to_arrow_table", "user_schema"]
 
 ID = "_id"
 SCORE = "score"
@@ -66,34 +68,10 @@ def user_schema(schema: pa.Schema) -> pa.Schema:
 
 
 def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
-    """Accept a pyarrow Table/RecordBatch, a list of dicts, a dict of columns or a pandas DataFrame."""
-    if isinstance(data, pa.Table):
-        return data
-    if isinstance(data, pa.RecordBatch):
-        return pa.Table.from_batches([data])
-    if isinstance(data, list):
-        if not all(isinstance(r, dict) for r in data):
-            raise InvalidInputError("a list of rows must hold dicts")
-        if schema is not None:
-            extra = set().union(*(r.keys() for r in data)) - set(schema.names) if data else set()
-            if extra:
-                raise SchemaMismatchError(f"unknown columns {sorted(extra)}; the table has {schema.names}")
-            try:
-                return pa.Table.from_pylist(data, schema=schema)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
-                raise SchemaMismatchError(f"rows do not match the table schema: {e}") from None
-        return pa.Table.from_pylist(data)
-    if isinstance(data, dict):
-        try:
-            return pa.table(data)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
-            raise InvalidInputError(f"cannot build a table from the given columns: {e}") from None
-    if type(data).__name__ == "DataFrame" and hasattr(data, "to_dict"):
-        return pa.Table.from_pandas(data, preserve_index=False)
-    raise InvalidInputError(
-        f"data must be a pyarrow Table or RecordBatch, a list of dicts, a dict of columns or a pandas "
-        f"DataFrame, got {type(data).__name__}"
-    )
+    """``data`` as one table: a pyarrow Table or RecordBatch, a list of dicts (typed by ``schema`` when given),
+    a dict of columns, anything exporting ``__arrow_c_stream__`` or ``__arrow_c_array__`` (polars, pandas,
+    DuckDB, readers), or an iterator of record batches, read to its end. See ``superfile.arrow_input``."""
+    return to_table(data, schema)
 
 
 def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
@@ -141,9 +119,28 @@ def _coerce_vector(name: str, col: pa.ChunkedArray, dim: int) -> pa.Array:
 
 
 def coerce(data: Any, schema: pa.Schema, options: TableOptions) -> pa.Table:
-    """Validate and convert user data to the table's user schema (no ``_id``), or raise a typed error."""
+    """Validate and convert user data to the table's user schema (no ``_id``), or raise a typed error.
+    A streamed input is read whole; ``coerce_chunks`` reads it in bounded pieces."""
+    parts = list(coerce_chunks(data, schema, options, max_bytes=1 << 62))
+    if not parts:
+        return user_schema(schema).empty_table()
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
+
+def coerce_chunks(
+    data: Any, schema: pa.Schema, options: TableOptions, max_bytes: int | None = None
+) -> Iterator[pa.Table]:
+    """``coerce`` one chunk at a time: a stream is read lazily in pieces of about ``max_bytes`` (by default
+    the smaller of the table's ``write_buffer_bytes`` and ``arrow_input.CHUNK_BYTES``), each validated and
+    converted as it arrives. A chunk that does not match raises, after the earlier ones were yielded."""
     target = user_schema(schema)
-    table = to_arrow_table(data, target if isinstance(data, list) else None)
+    if max_bytes is None:
+        max_bytes = min(options.write_buffer_bytes, CHUNK_BYTES)
+    for table in chunks(data, target, max_bytes):
+        yield _coerce_table(table, target, options)
+
+
+def _coerce_table(table: pa.Table, target: pa.Schema, options: TableOptions) -> pa.Table:
     if ID in table.column_names:
         raise SchemaMismatchError(f"{ID!r} is assigned by the table and cannot be supplied")
     extra = [n for n in table.column_names if n not in target.names]

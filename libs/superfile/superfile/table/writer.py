@@ -18,7 +18,7 @@ from superfile.errors import ContentionError, InvalidInputError, SuperfileError
 from superfile.expressions import Predicate, parse_predicate
 from superfile.manifest.model import ManifestList, Pointer, SuperfileEntry
 from superfile.pools import build_pool
-from superfile.schema import ID, coerce
+from superfile.schema import ID, coerce, coerce_chunks
 from superfile.table.idempotency import AlreadyCommitted, committed_version, record_new
 from superfile.table.snapshot import Snapshot
 from superfile.validate import check_key
@@ -52,7 +52,7 @@ class Transaction:
         self._deletions: dict[str, Deletion] = {}
         self._operations: list[str] = []
         self._properties: dict[str, Any] = {}
-        self._keys: dict[str, tuple[int, int]] = {}  # idempotency key -> (first _id, rows) of its append
+        self._keys: dict[str, list[tuple[int, int]]] = {}  # idempotency key -> its append's (first _id, rows)s
         self._op_keys: list[str | None] = []  # each staged append, delete and update's key (None: none), in order
         self._known: int | None = None  # newest version that committed a key an append here repeated
         self._replaced: list[np.ndarray] = []  # _ids of rows updates replaced (their replacements carry them)
@@ -67,14 +67,22 @@ class Transaction:
         self._check_open()
         if self._repeated(idempotency_key):
             return 0
-        rows = coerce(data, self._schema, self._options)
-        if rows.num_rows:
-            first = self._table.files.manifests.reserve_ids(rows.num_rows, self._options.commit_max_attempts)
-            self._stage(rows, first)
+        spans: list[tuple[int, int]] = []  # (first _id, rows) of each chunk staged
+        try:
+            for rows in coerce_chunks(data, self._schema, self._options):  # a stream: chunk by chunk, as read
+                if rows.num_rows:
+                    first = self._table.files.manifests.reserve_ids(rows.num_rows, self._options.commit_max_attempts)
+                    spans.append((first, rows.num_rows))
+                    self._stage(rows, first)
+        except BaseException:
+            if spans:  # part of the input is staged (maybe flushed): the transaction cannot commit part of it
+                self.abort()
+            raise
+        if spans:
             self._staged("append", idempotency_key)
             if idempotency_key is not None:
-                self._keys[idempotency_key] = (first, rows.num_rows)
-        return rows.num_rows
+                self._keys[idempotency_key] = spans
+        return sum(n for _, n in spans)
 
     def delete(self, where: str, idempotency_key: str | None = None) -> int:
         """Stage the removal of every row matching ``where``; returns how many. A repeated
@@ -176,7 +184,7 @@ class Transaction:
     def _drop_keyed(self, keys: Mapping[str, int]) -> None:
         """Unstage the appends tagged with ``keys`` (their rows, and replacements of them, are in flushed
         superfiles by now): delete them there, and leave out superfiles left without rows."""
-        spans = [self._keys.pop(k) for k in keys if k in self._keys]
+        spans = [s for k in keys if k in self._keys for s in self._keys.pop(k)]
         kept = [(op, k) for op, k in zip(self._operations, self._op_keys, strict=True) if k is None or k not in keys]
         self._operations, self._op_keys = [op for op, _ in kept], [k for _, k in kept]
         ids = np.unique(np.concatenate([np.arange(a, a + n, dtype=np.uint64) for a, n in spans]))
