@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import datetime
-import os
 import re
-import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,14 +18,12 @@ from superfile.errors import (
     PreconditionFailedError,
     TableExistsError,
     TableNotFoundError,
-    UpgradeRequiredError,
     VersionNotFoundError,
 )
-from superfile.format.reader import DEFAULT_CACHE_DIR
-from superfile.io import Storage, from_uri
+from superfile.io import Storage
 from superfile.io.cache import DEFAULT_BUDGET_BYTES, DiskCache
 from superfile.maintenance import AutoMaintenance, MaintenancePolicy
-from superfile.manifest.model import FORMAT_VERSION, HistoryEntry, ManifestList, Pointer, now_ms
+from superfile.manifest.model import HistoryEntry, ManifestList, Pointer, now_ms
 from superfile.manifest.store import POINTER
 from superfile.options import PartitionSpec
 from superfile.remote.db import RemoteConnection
@@ -36,7 +32,8 @@ from superfile.search.fleet import Fleet
 from superfile.search.root import RootFanout
 from superfile.table import Supertable
 from superfile.table.history import upgrade
-from superfile.table.snapshot import Snapshot, TableFiles
+from superfile.table.snapshot import Snapshot
+from superfile.tables import TableRoot
 from superfile.validate import check_name, create_schema, table_options
 
 __all__ = ["Connection", "connect"]
@@ -74,18 +71,19 @@ class Connection(Catalog):
         self.uri = uri
         if isinstance(cache_budget_bytes, bool) or not isinstance(cache_budget_bytes, int) or cache_budget_bytes < 0:
             raise InvalidOptionError(f"cache_budget_bytes must be an integer >= 0, got {cache_budget_bytes!r}")
-        self._storage: Storage = storage if storage is not None else from_uri(uri, **storage_options)
-        self._verify = verify_checksums
-        self._cache_dir = cache_dir or DEFAULT_CACHE_DIR
-        self._disk_cache = (
-            DiskCache(os.path.join(self._cache_dir, "superfiles"), cache_budget_bytes, cache_memory_bytes)
-            if self._storage.remote and cache_budget_bytes
-            else None
-        )
-        self._files: dict[str, TableFiles] = {}
-        self._lock = threading.Lock()
         self.fleet = (
             Fleet(list(cache_nodes or ()), dns=cache_dns, token=internal_token) if cache_nodes or cache_dns else None
+        )
+        self._root = TableRoot(
+            uri,
+            verify_checksums=verify_checksums,
+            cache_dir=cache_dir,
+            cache_budget_bytes=cache_budget_bytes,
+            cache_memory_bytes=cache_memory_bytes,
+            storage=storage,
+            on_commit=self._committed,
+            fanout=None if self.fleet is None else RootFanout(self.fleet),
+            **storage_options,
         )
         worker_options = {"cache_dir": cache_dir, "cache_budget_bytes": cache_budget_bytes, **storage_options}
         if maintenance is True:
@@ -99,33 +97,15 @@ class Connection(Catalog):
     @property
     def disk_cache(self) -> DiskCache | None:
         """The cache of this connection's remote superfiles (None for local storage or with a zero budget)."""
-        return self._disk_cache
+        return self._root.disk_cache
 
-    def _table_files(self, name: str) -> TableFiles:
-        with self._lock:
-            files = self._files.get(name)
-            if files is None:
-                maintenance = self.maintenance
-                files = TableFiles(
-                    self._storage.child(name),
-                    verify=self._verify,
-                    cache_dir=self._cache_dir,
-                    disk_cache=self._disk_cache,
-                    on_commit=None if maintenance is None else (lambda: maintenance.committed(name)),
-                    fanout=None if self.fleet is None else RootFanout(self.fleet),
-                    name=name,
-                )
-                self._files[name] = files
-            return files
+    def _committed(self, name: str) -> None:
+        if self.maintenance is not None:
+            self.maintenance.committed(name)
 
     def table_names(self) -> list[str]:
         """Names of every table, sorted."""
-        suffix = "/" + POINTER
-        return sorted(
-            info.path[: -len(suffix)]
-            for info in self._storage.list("")
-            if info.path.endswith(suffix) and info.path.count("/") == 1
-        )
+        return self._root.table_names()
 
     def create_table(
         self,
@@ -153,7 +133,7 @@ class Connection(Catalog):
             options=options,
         )
         full_schema = table_schema(schema, opts)
-        files = self._table_files(name)
+        files = self._root.files(name)
         if files.storage.exists(POINTER):
             if exist_ok:
                 return self.open_table(name)
@@ -196,19 +176,7 @@ class Connection(Catalog):
     ) -> Supertable:
         """Open a table at its latest version, or read-only at an earlier ``version`` or at the version
         that was current at ``as_of`` (a datetime, naive meaning UTC, or epoch milliseconds)."""
-        check_name(name)
-        files = self._table_files(name)
-        try:
-            pointer, _ = files.manifests.read_pointer()
-        except TableNotFoundError:
-            raise TableNotFoundError(f"table {name!r} does not exist") from None
-        manifest = files.manifests.load_list(pointer.manifest)
-        if manifest.format_version < FORMAT_VERSION:
-            raise UpgradeRequiredError(
-                f"table {name!r} is in format {manifest.format_version}, this version of superfile reads format "
-                f"{FORMAT_VERSION}: run `superfile upgrade {self.uri} {name}` (or Connection.upgrade_table) once"
-            )
-        table = Supertable(name, files, Snapshot(files, pointer.manifest, manifest), consistency=consistency)
+        table = self._root.open(name, consistency)
         if version is None and as_of is None:
             return table
         return table.checkout(version, as_of=as_of)
@@ -222,7 +190,7 @@ class Connection(Catalog):
             return self.open_table(name).last_snapshot  # opening read the latest pointer already
         if not _MANIFEST_PATH.fullmatch(manifest):
             raise InvalidInputError(f"{manifest!r} is not a manifest path (_manifests/<version>-<id>.json)")
-        files = self._table_files(name)
+        files = self._root.files(name)
         try:
             return Snapshot(files, manifest, files.manifests.load_list(manifest))
         except ObjectNotFoundError:
@@ -232,10 +200,10 @@ class Connection(Catalog):
         """Copy the given superfiles (path, size) of ``name`` into the disk cache unless there already, so
         that the first query to need them does not wait for a download (a cache node warming what it owns
         after a commit or a restart). Returns how many were downloaded; 0 without a disk cache."""
-        cache = self._disk_cache
+        cache = self._root.disk_cache
         if cache is None:
             return 0
-        storage = self._table_files(check_name(name)).storage
+        storage = self._root.files(check_name(name)).storage
         before = cache.fetches
         for path, size in superfiles:
             if not cache.resident(storage, path):
@@ -247,21 +215,20 @@ class Connection(Catalog):
         already current is left alone); returns its version."""
         check_name(name)
         try:
-            return upgrade(self._table_files(name).manifests)
+            return upgrade(self._root.files(name).manifests)
         except TableNotFoundError:
             raise TableNotFoundError(f"table {name!r} does not exist") from None
 
     def drop_table(self, name: str) -> None:
         """Remove a table: it disappears atomically (pointer first), then its files are deleted."""
         check_name(name)
-        files = self._table_files(name)
+        files = self._root.files(name)
         if not files.storage.exists(POINTER):
             raise TableNotFoundError(f"table {name!r} does not exist")
         files.storage.delete(POINTER)
         for info in list(files.storage.list("")):
             files.storage.delete(info.path)
-        with self._lock:
-            self._files.pop(name, None)
+        self._root.forget(name)
 
     def sql(self, query: str, *, memory_limit_bytes: int | None = None, max_rows: int | None = None) -> pa.Table:
         """Run one read-only SQL query over every table (pinned snapshots) and the search table functions.

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from superfile.errors import TableNotFoundError
 from superfile.manifest.model import SuperfileEntry
 from superfile.table.optimize import optimize
+from superfile.tables import TableRoot
 
 if TYPE_CHECKING:
     from superfile.table import Supertable
@@ -184,9 +185,7 @@ def _run(
 ) -> dict[str, Any] | None:
     """In the compaction process: one bounded run, if due. A connection per run: its caches would hold
     the superfiles the run just replaced."""
-    from superfile.connection import Connection
-
-    table = Connection(uri, **connect_options).open_table(table_name)
+    table = TableRoot(uri, **connect_options).open(table_name)
     if not policy.due(table.last_snapshot.entries(), table.options.max_rows_per_superfile):
         return None
     return optimize(table, policy.target_rows, select=policy.select, parallel=False)

@@ -11,16 +11,14 @@ import pyarrow as pa
 
 from superfile.api import Catalog
 from superfile.errors import InvalidOptionError
-from superfile.options import PartitionSpec, TableOptions
+from superfile.options import PartitionSpec
 from superfile.remote.client import GatewayClient
 from superfile.remote.table import RemoteTable
-from superfile.remote.wire import schema_from_b64, schema_to_b64
+from superfile.remote.wire import schema_to_b64
 from superfile.validate import (  # the engine's own rules, before any request
     check_name,
-    check_version,
     create_schema,
     table_options,
-    to_ms,
 )
 
 __all__ = ["RemoteConnection"]
@@ -49,15 +47,6 @@ class RemoteConnection(Catalog):
         self.uri = uri.rstrip("/")
         self.client = GatewayClient(
             self.uri, api_key=api_key, timeout=timeout, headers=headers, max_retries=max_retries
-        )
-
-    def _remote_table(self, info: Mapping[str, Any], version: int | None = None) -> RemoteTable:
-        return RemoteTable(
-            self,
-            info["name"],
-            schema_from_b64(info["schema_ipc"]),
-            TableOptions.from_dict(info["options"]),
-            pinned=version,
         )
 
     # -- catalog ------------------------------------------------------------------------
@@ -103,7 +92,7 @@ class RemoteConnection(Catalog):
             "options": options,
         }
         info = self.client.json("POST", "/tables", payload=body)
-        table = self._remote_table(info)
+        table = RemoteTable.of(self.client, info)
         if data is not None and info.get("created", True):
             table.append(data)
         return table
@@ -125,15 +114,7 @@ class RemoteConnection(Catalog):
         """
         if consistency is not None:
             raise InvalidOptionError("a remote table reads with the table's own consistency policy; omit consistency")
-        if version is not None and as_of is not None:
-            raise InvalidOptionError("give exactly one of version and as_of")
-        params: dict[str, Any] = {}  # checked and converted as the engine does, so both name the same version
-        if version is not None:
-            params["version"] = check_version(version)
-        if as_of is not None:
-            params["as_of"] = to_ms(as_of)
-        info = self.client.json("GET", f"/tables/{check_name(name)}", params=params)
-        return self._remote_table(info, int(info["version"]) if params else None)
+        return RemoteTable.open(self.client, check_name(name), version, as_of)
 
     def drop_table(self, name: str) -> None:
         self.client.request("DELETE", f"/tables/{check_name(name)}")

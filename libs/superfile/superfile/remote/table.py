@@ -14,20 +14,18 @@ import datetime
 import threading
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from superfile.api import Table
 from superfile.errors import InvalidOptionError, ReadOnlyTableError
 from superfile.options import TableOptions
-from superfile.remote.wire import ARROW_STREAM, to_ipc
+from superfile.remote.client import GatewayClient
+from superfile.remote.wire import ARROW_STREAM, schema_from_b64, to_ipc
 from superfile.schema import to_arrow_table, user_schema
 from superfile.search.request import HybridSearch, SearchRequest
-from superfile.validate import DEFAULT_RETENTION, check_key, check_version
-
-if TYPE_CHECKING:
-    from superfile.remote.db import RemoteConnection
+from superfile.validate import DEFAULT_RETENTION, check_key, check_version, to_ms
 
 __all__ = ["RemoteTable"]
 
@@ -37,7 +35,7 @@ class RemoteTable(Table):
 
     def __init__(
         self,
-        conn: RemoteConnection,
+        client: GatewayClient,
         name: str,
         schema: pa.Schema,
         options: TableOptions,
@@ -45,14 +43,39 @@ class RemoteTable(Table):
         pinned: int | None = None,
     ) -> None:
         self.name = name
-        self._conn = conn
-        self._client = conn.client
+        self._client = client
         self._schema = schema
         self._options = options
         self._pinned = pinned
         self._path = f"/tables/{name}"
         self._position: str | None = None  # the last unwaited write's position token
         self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, client: GatewayClient, info: Mapping[str, Any], version: int | None = None) -> RemoteTable:
+        """The table a gateway described (``GET /tables/{name}``), pinned at ``version`` if given."""
+        schema = schema_from_b64(info["schema_ipc"])
+        return cls(client, info["name"], schema, TableOptions.from_dict(info["options"]), pinned=version)
+
+    @classmethod
+    def open(
+        cls,
+        client: GatewayClient,
+        name: str,
+        version: int | None = None,
+        as_of: datetime.datetime | int | float | None = None,
+    ) -> RemoteTable:
+        """A handle on ``name`` at its latest version, or pinned at ``version`` or at the one current at
+        ``as_of`` (the gateway resolves it once; the handle then stays there)."""
+        if version is not None and as_of is not None:
+            raise InvalidOptionError("give exactly one of version and as_of")
+        params: dict[str, Any] = {}  # checked and converted as the engine does, so both name the same version
+        if version is not None:
+            params["version"] = check_version(version)
+        if as_of is not None:
+            params["as_of"] = to_ms(as_of)
+        info = client.json("GET", f"/tables/{name}", params=params)
+        return cls.of(client, info, int(info["version"]) if params else None)
 
     # -- plumbing -------------------------------------------------------------------------
     def _read_params(self) -> tuple[dict[str, Any], str | None]:
@@ -160,7 +183,7 @@ class RemoteTable(Table):
         current at ``as_of`` (a datetime, naive meaning UTC, or epoch milliseconds)."""
         if (version is None) == (as_of is None):
             raise InvalidOptionError("give exactly one of version and as_of")
-        return self._conn.open_table(self.name, version, as_of=as_of)
+        return RemoteTable.open(self._client, self.name, version, as_of)
 
     def changes(
         self, from_version: int, to_version: int | None = None, *, columns: list[str] | None = None
@@ -261,7 +284,7 @@ class RemoteTable(Table):
 
     def __repr__(self) -> str:
         at = f", version={self._pinned}" if self._pinned is not None else ""
-        return f"RemoteTable({self.name!r}{at}, gateway={self._conn.uri!r})"
+        return f"RemoteTable({self.name!r}{at}, gateway={self._client.uri!r})"
 
 
 def _seconds(name: str, value: Any) -> Any:

@@ -4,7 +4,7 @@ and hands the hits back to DataFusion as a relation of ``_id``, the projected sc
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -22,11 +22,19 @@ from superfile.search.request import (
     VectorSearch,
 )
 from superfile.table.search import RRF_K, Searcher, rrf_fuse
+from superfile.table.snapshot import Snapshot
 
-if TYPE_CHECKING:
-    from superfile.sql.context import SqlSession
+__all__ = ["FUNCTIONS", "RRF_K", "Session", "TableFunctionError", "rrf_fuse"]
 
-__all__ = ["FUNCTIONS", "RRF_K", "TableFunctionError", "rrf_fuse"]
+
+class Session(Protocol):
+    """What a table function needs of its query's session (``sql/context.SqlSession``)."""
+
+    def resolve(self, name: str) -> str: ...
+
+    def snapshot(self, name: str) -> Snapshot: ...
+
+    def needed_columns(self, snap: Snapshot) -> list[str]: ...
 
 
 class TableFunctionError(InvalidInputError):
@@ -82,7 +90,7 @@ def _relation(result: pa.Table, cols: list[str]) -> Table:
     return Table(ds.dataset(out))
 
 
-def _run(session: SqlSession, args: tuple[Any, ...], fn: str, request: Callable[[list[str]], SearchRequest]) -> Table:
+def _run(session: Session, args: tuple[Any, ...], fn: str, request: Callable[[list[str]], SearchRequest]) -> Table:
     """Run the search ``request`` builds (given the columns the query needs) on the query's pinned snapshot."""
     name = session.resolve(_str(args, 0, fn, "the table name"))
     snap = session.snapshot(name)
@@ -90,14 +98,14 @@ def _run(session: SqlSession, args: tuple[Any, ...], fn: str, request: Callable[
     return _relation(Searcher.of(snap).search(request(cols)), cols)
 
 
-def vector_search(session: SqlSession, *args: Any) -> Table:
+def vector_search(session: Session, *args: Any) -> Table:
     fn = "vector_search"
     _arity(args, fn, 4, 4, "(table, column, query_vector, k)")
     column, q, k = _str(args, 1, fn, "the column"), _vector(args, 2, fn), _int(args, 3, fn, "k")
     return _run(session, args, fn, lambda cols: VectorSearch(column=column, vector=q, k=k, projection=cols))
 
 
-def bm25_search(session: SqlSession, *args: Any) -> Table:
+def bm25_search(session: Session, *args: Any) -> Table:
     fn = "bm25_search"
     _arity(args, fn, 4, 5, "(table, column, query, k [, mode 'any'|'all'])")
     mode = _str(args, 4, fn, "the mode") if len(args) > 4 else "any"
@@ -105,14 +113,14 @@ def bm25_search(session: SqlSession, *args: Any) -> Table:
     return _run(session, args, fn, lambda cols: Bm25Search(column=column, query=query, k=k, mode=mode, projection=cols))
 
 
-def bm25_search_prefix(session: SqlSession, *args: Any) -> Table:
+def bm25_search_prefix(session: Session, *args: Any) -> Table:
     fn = "bm25_search_prefix"
     _arity(args, fn, 4, 4, "(table, column, prefix, k)")
     column, prefix, k = _str(args, 1, fn, "the column"), _str(args, 2, fn, "the prefix"), _int(args, 3, fn, "k")
     return _run(session, args, fn, lambda cols: PrefixSearch(column=column, prefix=prefix, k=k, projection=cols))
 
 
-def token_match(session: SqlSession, *args: Any) -> Table:
+def token_match(session: Session, *args: Any) -> Table:
     fn = "token_match"
     _arity(args, fn, 3, 4, "(table, column, query [, mode 'and'|'or'])")
     mode = _str(args, 3, fn, "the mode") if len(args) > 3 else "and"
@@ -120,14 +128,14 @@ def token_match(session: SqlSession, *args: Any) -> Table:
     return _run(session, args, fn, lambda cols: TokenMatch(column=column, tokens=tokens, mode=mode, projection=cols))
 
 
-def exact_match(session: SqlSession, *args: Any) -> Table:
+def exact_match(session: Session, *args: Any) -> Table:
     fn = "exact_match"
     _arity(args, fn, 3, 3, "(table, column, value)")
     column, value = _str(args, 1, fn, "the column"), _str(args, 2, fn, "the value")
     return _run(session, args, fn, lambda cols: ExactMatch(column=column, value=value, projection=cols))
 
 
-def hybrid_search(session: SqlSession, *args: Any) -> Table:
+def hybrid_search(session: Session, *args: Any) -> Table:
     fn = "hybrid_search"
     _arity(args, fn, 6, 6, "(table, text_column, query_text, vector_column, query_vector, k)")
     text_col, q_text = _str(args, 1, fn, "the text column"), _str(args, 2, fn, "the text query")
