@@ -123,7 +123,7 @@ class Connection(Catalog):
     ) -> Supertable:
         """Create a table from a schema (or from ``data``, whose schema it takes and which it appends)."""
         check_name(name)
-        schema = create_schema(schema, data)
+        schema, data = create_schema(schema, data)
         opts = table_options(
             fts_columns=fts_columns,
             vector_columns=vector_columns,

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from superfile.arrow_input import schema_and_data
 from superfile.errors import InvalidInputError, InvalidOptionError, InvalidTableNameError
 from superfile.options import PartitionSpec, TableOptions, VectorColumn
-from superfile.schema import to_arrow_table
 
 __all__ = [
     "DEFAULT_RETENTION",
@@ -80,15 +80,16 @@ def check_key(key: object) -> str:
     return key
 
 
-def create_schema(schema: pa.Schema | None, data: Any) -> pa.Schema:
-    """The schema ``create_table`` was given, or the one of its ``data``."""
+def create_schema(schema: pa.Schema | None, data: Any) -> tuple[pa.Schema, Any]:
+    """The schema ``create_table`` was given, or the one of its ``data``; and the data to append in its
+    place (a one-shot stream is opened once, so taking its schema does not spend its rows)."""
     if schema is None:
         if data is None:
             raise InvalidOptionError("create_table needs a schema or data")
-        schema = to_arrow_table(data).schema
+        schema, data = schema_and_data(data)
     if not isinstance(schema, pa.Schema):
         raise InvalidInputError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
-    return schema
+    return schema, data
 
 
 def _fts(fts_columns: Sequence[str] | Mapping[str, str], tokenizer: str | Mapping[str, str]) -> dict[str, str]:

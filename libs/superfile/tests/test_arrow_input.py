@@ -109,11 +109,6 @@ def test_create_table_from_arrow_source(db: superfile.Connection, kind: str) -> 
     assert t.schema.field("id").type == pa.int64() and (pa.types.is_string(name) or pa.types.is_large_string(name))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="connection.create_table reads data once for its schema (to_arrow_table(data).schema) and then "
-    "appends it again: a one-shot stream is empty the second time. Needs schema_and_data() in connection.py",
-)
 @pytest.mark.parametrize("kind", ["reader", "batch-generator"])
 def test_create_table_from_one_shot_stream(db: superfile.Connection, kind: str) -> None:
     t = db.create_table("c", data=SOURCES[kind]())

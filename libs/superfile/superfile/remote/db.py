@@ -70,7 +70,7 @@ class RemoteConnection(Catalog):
     ) -> RemoteTable:
         """Create a table from a schema (or from ``data``, whose schema it takes and which it appends)."""
         check_name(name)
-        schema = create_schema(schema, data)
+        schema, data = create_schema(schema, data)
         opts = table_options(  # checked here as the engine checks them, then sent as the engine reads them
             fts_columns=fts_columns,
             vector_columns=vector_columns,
