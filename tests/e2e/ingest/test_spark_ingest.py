@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -23,13 +23,12 @@ import pyarrow.parquet as pq
 import pytest
 import superfile
 from e2e_support import BuilderProcess, wait_until
-from kafka import KafkaConsumer, TopicPartition
-from kafka.admin import KafkaAdminClient
+from ingest_support import QUERY_TIMEOUT_S, applied, events, failure, finish, topic_exists
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 from superfile.errors import TableNotFoundError
-from superfile.events import LOG_PROPERTY, Event, EventLog, decode, topic_for
+from superfile.events import Event, EventLog, topic_for
 from superfile.schema import coerce
 from superfile.telemetry import render
 from superfile_gateway import BackgroundServer, Settings
@@ -43,16 +42,6 @@ CRANFIELD = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfie
 DOCS = pq.read_table(CRANFIELD / "docs.parquet")
 QUERIES = pq.read_table(CRANFIELD / "queries.parquet").slice(0, 5)
 PROJECTION = ["id", "title"]
-QUERY_TIMEOUT_S = 180
-APPLY_TIMEOUT_S = 120
-
-
-@pytest.fixture(autouse=True)
-def _no_query_left(spark: SparkSession) -> Iterator[None]:
-    """A failed test must not leave a streaming query running in the module's session."""
-    yield
-    for query in spark.streams.active:
-        query.stop()
 
 
 def _create(s3_uri: str, schema: pa.Schema = DOCS.schema) -> superfile.Supertable:
@@ -67,47 +56,6 @@ def _parquet_files(directory: Path, rows: pa.Table, parts: int) -> Path:
     for n in range(parts):
         pq.write_table(rows.slice(n * size, size), directory / f"part-{n}.parquet")
     return directory
-
-
-def _finish(query: StreamingQuery) -> StreamingQuery:
-    """Wait for an ``availableNow`` query to end (it raises if the query failed)."""
-    if not query.awaitTermination(QUERY_TIMEOUT_S):
-        query.stop()
-        pytest.fail(f"query {query.id} did not finish within {QUERY_TIMEOUT_S} s")
-    return query
-
-
-def _events(bootstrap: str, topic: str) -> list[Event]:
-    """Every event of a topic, in log order."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
-    try:
-        partition = TopicPartition(topic, 0)
-        consumer.assign([partition])
-        consumer.seek(partition, 0)
-        end = int(consumer.end_offsets([partition])[partition])
-        out: list[Event] = []
-        deadline = time.monotonic() + 30
-        while len(out) < end:
-            if time.monotonic() > deadline:
-                pytest.fail(f"read {len(out)} of {end} records of {topic}")
-            for batch in consumer.poll(timeout_ms=200).values():
-                out.extend(decode(r.value, [(k, v) for k, v in r.headers]) for r in batch)
-        return out
-    finally:
-        consumer.close()
-
-
-def _applied(table: superfile.Supertable, bootstrap: str, builder: BuilderProcess) -> list[Event]:
-    """Wait until the manifest records the topic's end offset; returns the topic's events."""
-    topic = topic_for(table.name)
-    events = _events(bootstrap, topic)
-    assert events, "nothing was published"
-    wait_until(
-        lambda: int(table.properties.get(LOG_PROPERTY, {}).get(topic, 0)) >= len(events),
-        APPLY_TIMEOUT_S,
-        f"the builder to apply {len(events)} events:\n{builder.output()}",
-    )
-    return events
 
 
 def _ingest_metric(name: str, query: str) -> float | None:
@@ -150,10 +98,10 @@ def test_cranfield_streams_into_a_table_searchable_alike_over_rest_sdk_and_embed
         once=True,
         sink=sink,
     )
-    _finish(query)
-    events = _applied(table, kafka.url, builder)
-    assert {e.source for e in events} == {source_for(str(query.id))}
-    seqs = [e.seq for e in events]
+    finish(query)
+    logged = applied(table, kafka.url, builder)
+    assert {e.source for e in logged} == {source_for(str(query.id))}
+    seqs = [e.seq for e in logged]
     assert seqs == sorted(set(seqs)), "a query's seqs reach the log in increasing order"
     assert {s[0] for s in seqs} == {0, 1, 2, 3}  # one micro-batch per file
     _assert_holds_exactly(table, DOCS)
@@ -232,8 +180,8 @@ def test_a_replayed_micro_batch_is_not_duplicated(
             sink=sink,
         )
 
-    first = _finish(start())
-    published = _events(kafka.url, topic_for(table.name))
+    first = finish(start())
+    published = events(kafka.url, topic_for(table.name))
     original = [e for e in published if e.seq[0] == 1]
     assert [e.seq for e in published] == [(0, 0), (1, 0), (1, 1)]
 
@@ -241,12 +189,12 @@ def test_a_replayed_micro_batch_is_not_duplicated(
     # between publishing the batch and recording it as done.
     for name in ("1", ".1.crc"):
         (checkpoint / "commits" / name).unlink()
-    second = _finish(start())
+    second = finish(start())
     assert second.id == first.id and second.runId != first.runId  # the same query, resumed
 
-    events = _applied(table, kafka.url, builder)
+    logged = applied(table, kafka.url, builder)
     _assert_holds_exactly(table, DOCS)
-    replayed = events[len(published) :]
+    replayed = logged[len(published) :]
     assert len(replayed) == 2, "the restarted query published batch 1 again"
     assert [(e.source, e.seq) for e in replayed] == [(e.source, e.seq) for e in original]
     assert [e.data for e in replayed] == [e.data for e in original]  # the same rows, chunked the same way
@@ -268,7 +216,7 @@ def test_a_partly_published_batch_is_completed_exactly_whatever_the_replay_row_o
         publish_batch(log, table.name, "q1", 0, shuffled)
     finally:
         log.close()
-    _applied(table, kafka.url, builder)
+    applied(table, kafka.url, builder)
     _assert_holds_exactly(table, DOCS)
 
 
@@ -292,17 +240,8 @@ def test_the_example_job_streams_json_files(
     assert job.returncode == 0, job.stderr[-4000:]
     assert f"streaming {source} into {table.name}" in job.stdout
     assert f"metrics at http://127.0.0.1:{port}/metrics" in job.stdout
-    _applied(table, kafka.url, builder)
+    applied(table, kafka.url, builder)
     _assert_holds_exactly(table, rows)
-
-
-def _failure(start: Callable[[], StreamingQuery]) -> str:
-    """The error a query fails with, at start or while running."""
-    try:
-        _finish(start())
-    except Exception as exc:
-        return str(exc)
-    pytest.fail("the query did not fail")
 
 
 def test_a_missing_table_or_mismatched_schema_fails_the_query_clearly(
@@ -316,18 +255,14 @@ def test_a_missing_table_or_mismatched_schema_fails_the_query_clearly(
         return writer.option("checkpointLocation", str(tmp_path / checkpoint)).trigger(availableNow=True).start
 
     options = {"storage": s3_uri, "bootstrap": kafka.url}
-    assert "table 'nosuch' does not exist" in _failure(start({**options, "table": "nosuch"}, "missing"))
+    assert "table 'nosuch' does not exist" in failure(start({**options, "table": "nosuch"}, "missing"))
     other = _create(s3_uri, DOCS.schema.remove(DOCS.schema.get_field_index("author")))
-    assert "unknown columns ['author']" in _failure(start({**options, "table": other.name}, "schema"))
-    assert "needs the options ['bootstrap']" in _failure(start({"storage": s3_uri, "table": other.name}, "option"))
+    assert "unknown columns ['author']" in failure(start({**options, "table": other.name}, "schema"))
+    assert "needs the options ['bootstrap']" in failure(start({"storage": s3_uri, "table": other.name}, "option"))
     counts = frame.groupBy("source").count().writeStream.format("superfile").outputMode("complete")
     complete = counts.options(**options, table=other.name).option("checkpointLocation", str(tmp_path / "complete"))
-    assert "only appends" in _failure(complete.trigger(availableNow=True).start)
-    admin = KafkaAdminClient(bootstrap_servers=kafka.url)
-    try:
-        assert topic_for(other.name) not in admin.list_topics()  # nothing was published
-    finally:
-        admin.close()
+    assert "only appends" in failure(complete.trigger(availableNow=True).start)
+    assert not topic_exists(kafka.url, other.name)  # nothing was published
 
     with pytest.raises(TableNotFoundError):
         ForeachBatchSink(table="nosuch", storage=s3_uri, bootstrap=kafka.url)
