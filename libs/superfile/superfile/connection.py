@@ -34,7 +34,7 @@ from superfile.table import Supertable
 from superfile.table.history import upgrade
 from superfile.table.snapshot import Snapshot
 from superfile.tables import TableRoot
-from superfile.validate import check_name, create_schema, table_options
+from superfile.validate import check_name, create_schema, namespace_of, table_options
 
 __all__ = ["Connection", "connect"]
 
@@ -103,9 +103,22 @@ class Connection(Catalog):
         if self.maintenance is not None:
             self.maintenance.committed(name)
 
-    def table_names(self) -> list[str]:
-        """Names of every table, sorted."""
-        return self._root.table_names()
+    def table_names(self, namespace: str | None = None) -> list[str]:
+        """Names of every table (``team.docs`` for one in a namespace), or of those directly in ``namespace``."""
+        return self._root.table_names(namespace)
+
+    def create_namespace(self, name: str, *, exist_ok: bool = False) -> None:
+        """Create a namespace (``team``, or ``team.search`` inside an existing ``team``); tables in it are
+        named ``team.docs``."""
+        self._root.create_namespace(name, exist_ok=exist_ok)
+
+    def list_namespaces(self, parent: str | None = None) -> list[str]:
+        """Every namespace, or those directly inside ``parent``; full dotted names, sorted."""
+        return self._root.namespaces(parent)
+
+    def drop_namespace(self, name: str) -> None:
+        """Remove an empty namespace (NamespaceNotEmptyError while it holds tables or namespaces)."""
+        self._root.drop_namespace(name)
 
     def create_table(
         self,
@@ -123,6 +136,7 @@ class Connection(Catalog):
     ) -> Supertable:
         """Create a table from a schema (or from ``data``, whose schema it takes and which it appends)."""
         check_name(name)
+        self._root.require_namespace(namespace_of(name))
         schema, data = create_schema(schema, data)
         opts = table_options(
             fts_columns=fts_columns,

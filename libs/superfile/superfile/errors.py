@@ -17,6 +17,9 @@ __all__ = [
     "InvalidPredicateError",
     "InvalidTableNameError",
     "InvalidVectorError",
+    "NamespaceExistsError",
+    "NamespaceNotEmptyError",
+    "NamespaceNotFoundError",
     "ObjectNotFoundError",
     "PreconditionFailedError",
     "QueryLimitError",
@@ -96,6 +99,25 @@ class TableNotFoundError(SuperfileError, KeyError):
 
 class TableExistsError(SuperfileError):
     """A table of that name already exists."""
+
+    http_status = 409
+
+
+class NamespaceNotFoundError(TableNotFoundError):
+    """No namespace of that name exists (a table named inside one needs it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "namespace not found"
+
+
+class NamespaceExistsError(SuperfileError):
+    """A namespace of that name already exists."""
+
+    http_status = 409
+
+
+class NamespaceNotEmptyError(SuperfileError):
+    """A namespace still holds tables or namespaces, so it cannot be dropped."""
 
     http_status = 409
 

@@ -1,5 +1,9 @@
 """The tables below one storage root, as the engine reads them: the storage, the caches shared by its tables,
-each table's files, and opening a handle on the latest version.
+each table's files, opening a handle on the latest version, and namespaces.
+
+A namespace (``team``) is a marker object under ``_namespaces/``; a table in it is named ``team.docs`` and
+keeps its files at that full name, one path component, so a namespace's tables never share a prefix
+with any other table's.
 
 ``Connection`` is the catalog built on it (create, drop, SQL, maintenance, a fleet); the compaction process
 opens its tables through it too, so maintenance never imports the connection that runs it.
@@ -7,22 +11,33 @@ opens its tables through it too, so maintenance never imports the connection tha
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from superfile.errors import TableNotFoundError, UpgradeRequiredError
+from superfile.errors import (
+    NamespaceExistsError,
+    NamespaceNotEmptyError,
+    NamespaceNotFoundError,
+    PreconditionFailedError,
+    TableNotFoundError,
+    UpgradeRequiredError,
+)
 from superfile.format.reader import DEFAULT_CACHE_DIR
-from superfile.io import Storage, from_uri
+from superfile.io import Storage, from_uri, write_new
 from superfile.io.cache import DEFAULT_BUDGET_BYTES, DiskCache
-from superfile.manifest.model import FORMAT_VERSION
+from superfile.manifest.model import FORMAT_VERSION, now_ms
 from superfile.manifest.store import POINTER
 from superfile.table import Supertable
 from superfile.table.snapshot import Fanout, Snapshot, TableFiles
-from superfile.validate import check_name
+from superfile.validate import check_name, namespace_of
 
-__all__ = ["TableRoot"]
+__all__ = ["NAMESPACES", "TableRoot"]
+
+# One object per namespace below this prefix ('_' cannot begin a table name, so no table's files are here).
+NAMESPACES = "_namespaces/"
 
 
 class TableRoot:
@@ -78,14 +93,50 @@ class TableRoot:
         with self._lock:
             self._files.pop(name, None)
 
-    def table_names(self) -> list[str]:
-        """Names of every table, sorted."""
+    def table_names(self, namespace: str | None = None) -> list[str]:
+        """Names of every table (full dotted names), or of the tables directly in ``namespace``; sorted."""
         suffix = "/" + POINTER
-        return sorted(
+        names = [
             info.path[: -len(suffix)]
             for info in self.storage.list("")
             if info.path.endswith(suffix) and info.path.count("/") == 1
-        )
+        ]
+        if namespace is not None:
+            self.require_namespace(check_name(namespace, "namespace"))
+            names = [n for n in names if namespace_of(n) == namespace]
+        return sorted(names)
+
+    # -- namespaces: a marker object each; a table's files stay at its full dotted name ------------------
+    def namespaces(self, parent: str | None = None) -> list[str]:
+        """Every namespace (full dotted names), or the ones directly inside ``parent``; sorted."""
+        if parent is not None:
+            self.require_namespace(check_name(parent, "namespace"))
+        names = [info.path[len(NAMESPACES) :] for info in self.storage.list(NAMESPACES)]
+        return sorted(n for n in names if parent is None or namespace_of(n) == parent)
+
+    def require_namespace(self, name: str | None) -> None:
+        """Raise NamespaceNotFoundError unless ``name`` (None: the root) exists."""
+        if name is not None and not self.storage.exists(NAMESPACES + name):
+            raise NamespaceNotFoundError(f"namespace {name!r} does not exist")
+
+    def create_namespace(self, name: str, *, exist_ok: bool = False) -> None:
+        """Create ``name``; its parent (``team`` for ``team.docs``) must exist."""
+        check_name(name, "namespace")
+        self.require_namespace(namespace_of(name))
+        try:
+            write_new(self.storage, NAMESPACES + name, json.dumps({"name": name, "created_ms": now_ms()}).encode())
+        except PreconditionFailedError:
+            if not exist_ok:
+                raise NamespaceExistsError(f"namespace {name!r} already exists") from None
+
+    def drop_namespace(self, name: str) -> None:
+        """Remove an empty namespace (no tables, no namespaces inside)."""
+        check_name(name, "namespace")
+        self.require_namespace(name)
+        inside = self.table_names(name) + self.namespaces(name)
+        if inside:
+            raise NamespaceNotEmptyError(f"namespace {name!r} is not empty: it holds {inside[:5]}")
+        self.storage.delete(NAMESPACES + name)
 
     def open(self, name: str, consistency: str | None = None) -> Supertable:
         """A handle on ``name`` at its latest version; a table in an older format is refused with the

@@ -25,25 +25,35 @@ __all__ = [
     "check_seconds",
     "check_version",
     "create_schema",
+    "namespace_of",
     "table_options",
     "to_ms",
 ]
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}"
+_NAME = re.compile(rf"{_SEGMENT}(?:\.{_SEGMENT}){{0,7}}")
 
 # how long cleanup keeps past versions unless told otherwise
 DEFAULT_RETENTION = datetime.timedelta(days=7)
 MAX_KEY_LENGTH = 256
 
 
-def check_name(name: object) -> str:
-    """A table name: 1-128 letters, digits, '_' or '-', starting with a letter or digit, matched in full
-    ("a\\n" is not "a"), so no name can leave its table's storage prefix."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+def check_name(name: object, what: str = "table") -> str:
+    """A table or namespace name: up to 8 dot-separated parts (``team.docs``: table ``docs`` in namespace
+    ``team``), each 1-128 letters, digits, '_' or '-' starting with a letter or digit, matched in full
+    ("a\\n" is not "a"). The whole name is one storage path component (no '/', no empty or dot-only part),
+    so no name can leave its table's storage prefix."""
+    if not isinstance(name, str) or len(name) > 255 or not _NAME.fullmatch(name):
         raise InvalidTableNameError(
-            f"invalid table name {name!r}: use 1-128 letters, digits, '_' or '-', starting with a letter or digit"
+            f"invalid {what} name {name!r}: use up to 8 dot-separated parts of 1-128 letters, digits, '_' or '-', "
+            "each starting with a letter or digit"
         )
     return name
+
+
+def namespace_of(name: str) -> str | None:
+    """The namespace a checked table or namespace name sits in (None at the root)."""
+    return name.rpartition(".")[0] or None
 
 
 def check_version(version: object) -> int:
