@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from multiprocessing.connection import Connection as Pipe
 from multiprocessing.process import BaseProcess
-from typing import Any, cast
+from typing import Any
 
 import pyarrow as pa
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -47,12 +47,12 @@ from superfile.errors import QueryLimitError, SqlError, SuperfileError, TableNot
 from superfile.remote.errors import QueryCrashedError, QueryTimeoutError, error_class, error_of
 from superfile.remote.wire import from_ipc, to_ipc
 from superfile.sql import SqlLimits, run_sql
-from superfile.table import Supertable
+from superfile.table.snapshot import Snapshot
 
 from superfile_gateway.admission import Admission
 from superfile_gateway.auth import Principal
 
-__all__ = ["Catalog", "SqlWorkers"]
+__all__ = ["SqlWorkers", "VisibleTables", "run_visible"]
 
 _POLL_S = 0.05  # how often a waiting query checks its deadline and its client
 _BACKSTOP_EXTRA = 4 << 30
@@ -60,8 +60,9 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 _NICE = 10
 
 
-class Catalog:
-    """The catalog as one key sees it, for SQL: tables it may not read do not exist."""
+class VisibleTables:
+    """The tables as one key sees them, for SQL (``superfile.sql.context.Tables``): those it may not read do
+    not exist."""
 
     def __init__(self, db: Connection, principal: Principal) -> None:
         self._db = db
@@ -70,15 +71,15 @@ class Catalog:
     def table_names(self) -> list[str]:
         return [n for n in self._db.table_names() if self._principal.can(n, "r")]
 
-    def open_table(self, name: str) -> Supertable:
+    def snapshot(self, name: str) -> Snapshot:
         if not self._principal.can(name, "r"):
             raise TableNotFoundError(f"table {name!r} does not exist")
-        return self._db.open_table(name)
+        return self._db.snapshot(name)
 
 
 def run_visible(db: Connection, principal: Principal, query: str, limits: SqlLimits) -> pa.Table:
     """``run_sql`` over the tables ``principal`` may read."""
-    return run_sql(cast(Connection, Catalog(db, principal)), query, limits)  # Catalog has what run_sql uses
+    return run_sql(VisibleTables(db, principal), query, limits)
 
 
 @dataclass(frozen=True)
