@@ -18,7 +18,7 @@ import pytest
 import superfile
 from superfile.errors import SuperfileError
 from superfile_suite import Server, start_moto, start_redis, start_tansu
-from superfile_suite.faults import Faults, FaultyHttpProxy, Request, writes
+from superfile_suite.faults import Faults, FaultyHttpProxy, first_try_of_each_write, writes
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
 from e2e_support import BuilderProcess, GatewayProcess
@@ -98,18 +98,9 @@ def test_the_sdk_request_key_makes_its_own_retries_safe(embedded_gateway: tuple[
     """The first answer to every write is lost after the gateway carried it out; the SDK (default retries, no
     key from the caller) repeats each write once, with the request key it made, and each commits once."""
     gateway, storage = embedded_gateway
-    seen: set[str] = set()
-
-    def first_answer_of_each_write(request: Request) -> bool:
-        key = request.headers.get("idempotency-key")
-        if not writes(request) or key is None or key in seen:
-            return False
-        seen.add(key)
-        return True
-
     db = superfile.connect(gateway.url)
     db.create_table("t", SCHEMA, fts_columns=["text"])
-    with FaultyHttpProxy(gateway.url, Faults(lose=1.0, match=first_answer_of_each_write)) as proxy:
+    with FaultyHttpProxy(gateway.url, Faults(lose=1.0, match=first_try_of_each_write())) as proxy:
         t = superfile.connect(proxy.endpoint).open_table("t")
         versions = [t.append(_rows(0, n)) for n in range(10)]
         after_update = t.update("id = 0", _rows(9, 0).slice(0, 1))

@@ -2,10 +2,12 @@
 
 >>> import superfile
 >>> db = superfile.connect("memory://demo")
+
+``superfile.connect_async`` gives the same API as coroutines (``db = await superfile.connect_async(uri)``).
 """
 
-from superfile.api import Catalog, Table
-from superfile.connection import Connection, connect
+from superfile.api import AsyncCatalog, AsyncTable, Catalog, Table
+from superfile.connection import Connection, connect, connect_async
 from superfile.errors import (
     ContentionError,
     CorruptSuperfileError,
@@ -36,6 +38,8 @@ from superfile.search.request import (
 from superfile.table import Supertable, Transaction
 
 __all__ = [
+    "AsyncCatalog",
+    "AsyncTable",
     "Bm25Search",
     "Catalog",
     "Connection",
@@ -67,5 +71,6 @@ __all__ = [
     "VectorSearch",
     "VersionNotFoundError",
     "connect",
+    "connect_async",
 ]
 __version__ = "0.1.0"

@@ -1,18 +1,20 @@
 """The contract both ways of running Supertable keep: ``Catalog`` (a connection's tables) and ``Table`` (one
-table's reads, searches, writes and history).
+table's reads, searches, writes and history), and its awaitable twin ``AsyncCatalog``/``AsyncTable``
+(``superfile.connect_async``).
 
 The embedded classes (``Connection``, ``Supertable``) and the HTTP SDK's (``RemoteConnection``,
 ``RemoteTable``) subclass these protocols, so mypy checks that each side has every method with a
 compatible signature, and code written against them (SQL, the gateway, the builder, the shared API
 test suite) runs on either. Every search is one :class:`SearchRequest` given to ``Table.search``; the
-keyword methods here (``bm25_search`` ...) only build that value, once for both sides.
+keyword methods here (``bm25_search`` ...) only build that value, once for both sides and both ways of
+calling (:class:`Searches`: the sync table's ``search`` returns rows, the async one's an awaitable of them).
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, Self
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, Protocol, Self, TypeVar
 
 import pyarrow as pa
 
@@ -27,62 +29,28 @@ from superfile.search.request import (
     VectorSearch,
 )
 
-__all__ = ["Catalog", "Table"]
+__all__ = ["AsyncCatalog", "AsyncTable", "Catalog", "Searches", "Table"]
+
+R = TypeVar("R", covariant=True)
 
 
-class Table(Protocol):
-    """One table. Reads use the snapshot the table's consistency policy picks; a table opened at a version
-    (``checkout``) is read-only."""
+class Searches(Protocol[R]):
+    """The searches as keyword calls, each building its :class:`SearchRequest` for ``search``. ``R`` is what
+    ``search`` returns: rows for :class:`Table`, an awaitable of rows for :class:`AsyncTable`, so both get
+    these methods from one definition (``await table.bm25_search(...)`` on an async table)."""
 
-    name: str
-
-    # -- metadata -----------------------------------------------------------------
-    @property
-    def version(self) -> int: ...
-
-    @property
-    def schema(self) -> pa.Schema: ...
-
-    @property
-    def options(self) -> TableOptions: ...
-
-    @property
-    def properties(self) -> dict[str, Any]: ...
-
-    def stats(self) -> dict[str, Any]: ...
-
-    def versions(self) -> list[dict[str, Any]]: ...
-
-    def idempotency_version(self, idempotency_key: str) -> int | None: ...
-
-    def checkout(self, version: int | None = None, *, as_of: datetime.datetime | int | float | None = None) -> Table:
-        """A read-only table at an earlier retained version, or at the version current at ``as_of``."""
-        ...
-
-    # -- reads --------------------------------------------------------------------
-    def to_arrow(self, columns: list[str] | None = None, where: str | None = None) -> pa.Table: ...
-
-    def count_rows(self, where: str | None = None) -> int: ...
-
-    def changes(
-        self, from_version: int, to_version: int | None = None, *, columns: list[str] | None = None
-    ) -> pa.Table: ...
-
-    def search(self, request: SearchRequest) -> pa.Table:
+    def search(self, request: SearchRequest) -> R:
         """Run one search: ``_id``, ``score`` and the projected columns, best first."""
         ...
 
-    # -- the searches as keyword calls: each builds its SearchRequest -----------------
     def bm25_search(
         self, column: str, query: str, k: int = 10, *, mode: str = "any", projection: list[str] | None = None
-    ) -> pa.Table:
+    ) -> R:
         """BM25 top-k over a full-text column with table-wide statistics, highest score first.
         ``mode`` "any" matches rows with any query term, "all" only rows with every term."""
         return self.search(Bm25Search(column=column, query=query, k=k, mode=mode, projection=projection))
 
-    def bm25_search_prefix(
-        self, column: str, prefix: str, k: int = 10, *, projection: list[str] | None = None
-    ) -> pa.Table:
+    def bm25_search_prefix(self, column: str, prefix: str, k: int = 10, *, projection: list[str] | None = None) -> R:
         """BM25 top-k where the query is expanded as a term prefix (the most frequent expansions)."""
         return self.search(PrefixSearch(column=column, prefix=prefix, k=k, projection=projection))
 
@@ -94,7 +62,7 @@ class Table(Protocol):
         *,
         projection: list[str] | None = None,
         max_rows: int | None = None,
-    ) -> pa.Table:
+    ) -> R:
         """Every row containing all (``and``) or any (``or``) of the tokens: unranked, score null. More
         matches than ``max_rows`` is a :class:`QueryLimitError` (raised before any row is read)."""
         return self.search(
@@ -103,7 +71,7 @@ class Table(Protocol):
 
     def exact_match(
         self, column: str, value: str, *, projection: list[str] | None = None, max_rows: int | None = None
-    ) -> pa.Table:
+    ) -> R:
         """Every row whose stored value equals ``value`` exactly (index-pruned, then compared raw); more
         than ``max_rows`` is a :class:`QueryLimitError`."""
         return self.search(ExactMatch(column=column, value=value, projection=projection, max_rows=max_rows))
@@ -119,7 +87,7 @@ class Table(Protocol):
         filter: dict[str, str] | None = None,
         where: str | None = None,
         projection: list[str] | None = None,
-    ) -> pa.Table:
+    ) -> R:
         """k nearest rows by the column's metric, nearest first (score = distance).
 
         ``filter`` ({"column", "query", "mode"}) and ``where`` (a SQL predicate)
@@ -149,7 +117,7 @@ class Table(Protocol):
         k: int = 10,
         *,
         projection: list[str] | None = None,
-    ) -> pa.Table:
+    ) -> R:
         """BM25 and vector kNN on one snapshot fused by reciprocal rank (as the ``hybrid_search`` SQL table
         function), best first: ``_id``, ``score`` (higher is better), the projected columns."""
         return self.search(
@@ -163,17 +131,93 @@ class Table(Protocol):
             )
         )
 
+
+class Table(Searches[pa.Table], Protocol):
+    """One table. Reads use the snapshot the table's consistency policy picks; a table opened at a version
+    (``checkout``) is read-only."""
+
+    name: str
+
+    # -- metadata -----------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The version reads see now (a checked-out table: its own)."""
+        ...
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table's Arrow schema, ``_id`` first."""
+        ...
+
+    @property
+    def options(self) -> TableOptions:
+        """What the table was created with: full-text and vector columns, partitioning, consistency."""
+        ...
+
+    @property
+    def properties(self) -> dict[str, Any]:
+        """Properties commits recorded (the builder's log offsets, the idempotency ledger), as of this version."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Snapshot facts (rows, deleted rows, superfiles, bytes), for sizing and deciding on ``optimize``."""
+        ...
+
+    def versions(self) -> list[dict[str, Any]]:
+        """Every retained version: number, time, operation, rows added, deleted and in all."""
+        ...
+
+    def idempotency_version(self, idempotency_key: str) -> int | None:
+        """The version whose commit recorded this idempotency key (None if no retained one did): how a
+        writer unsure whether its write landed finds out without writing again."""
+        ...
+
+    def checkout(self, version: int | None = None, *, as_of: datetime.datetime | int | float | None = None) -> Table:
+        """A read-only table at an earlier retained version, or at the version current at ``as_of``."""
+        ...
+
+    # -- reads --------------------------------------------------------------------
+    def to_arrow(self, columns: list[str] | None = None, where: str | None = None) -> pa.Table:
+        """The rows (those matching the SQL predicate ``where``), with ``columns`` or every column."""
+        ...
+
+    def count_rows(self, where: str | None = None) -> int:
+        """How many rows (match ``where``), from the index and deletion vectors where they suffice."""
+        ...
+
+    def changes(
+        self, from_version: int, to_version: int | None = None, *, columns: list[str] | None = None
+    ) -> pa.Table:
+        """Rows inserted and deleted between two retained versions, with ``_change`` and ``_id``: a change
+        feed to keep a copy in step without reading the table again."""
+        ...
+
+    def search(self, request: SearchRequest) -> pa.Table:
+        """Run one search: ``_id``, ``score`` and the projected columns, best first."""
+        ...
+
     # -- writes: each returns the version that holds it (None when a remote write is not waited for) ---
-    def append(self, data: Any, *, idempotency_key: str | None = None) -> int | None: ...
+    def append(self, data: Any, *, idempotency_key: str | None = None) -> int | None:
+        """Add rows (any Arrow stream, a pandas/polars frame, a list of dicts) in one commit; a repeated
+        ``idempotency_key`` adds nothing and returns the first commit's version."""
+        ...
 
-    def delete(self, where: str, *, idempotency_key: str | None = None) -> int | None: ...
+    def delete(self, where: str, *, idempotency_key: str | None = None) -> int | None:
+        """Delete every row matching the SQL predicate, in one commit."""
+        ...
 
-    def update(self, where: str, data: Any, *, idempotency_key: str | None = None) -> int | None: ...
+    def update(self, where: str, data: Any, *, idempotency_key: str | None = None) -> int | None:
+        """Replace the rows matching ``where`` 1:1 by ``data``, keeping their ``_id``, in one commit."""
+        ...
 
-    def restore(self, version: int, *, idempotency_key: str | None = None) -> int | None: ...
+    def restore(self, version: int, *, idempotency_key: str | None = None) -> int | None:
+        """Publish a retained version's contents as the newest version (itself undoable)."""
+        ...
 
     # -- maintenance --------------------------------------------------------------
-    def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]: ...
+    def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]:
+        """Merge small superfiles and drop deleted rows, so searches open fewer files; returns counts."""
+        ...
 
     def cleanup(
         self,
@@ -181,7 +225,10 @@ class Table(Protocol):
         *,
         dry_run: bool = False,
         safety_margin: datetime.timedelta | float | None = None,
-    ) -> dict[str, Any]: ...
+    ) -> dict[str, Any]:
+        """Delete the files no version of the last ``older_than`` needs, to reclaim storage; returns what
+        went (``dry_run``: what would)."""
+        ...
 
 
 class Catalog(Protocol):
@@ -189,7 +236,9 @@ class Catalog(Protocol):
 
     uri: str
 
-    def table_names(self) -> list[str]: ...
+    def table_names(self) -> list[str]:
+        """Names of every table (a remote caller: every table its API key can see), sorted."""
+        ...
 
     def create_table(
         self,
@@ -204,7 +253,9 @@ class Catalog(Protocol):
         consistency: str = "strong",
         exist_ok: bool = False,
         **options: Any,
-    ) -> Table: ...
+    ) -> Table:
+        """Create a table from a schema (or from ``data``, whose schema it takes and which it appends)."""
+        ...
 
     def open_table(
         self,
@@ -213,14 +264,168 @@ class Catalog(Protocol):
         *,
         as_of: datetime.datetime | int | float | None = None,
         consistency: str | None = None,
-    ) -> Table: ...
+    ) -> Table:
+        """A table at its latest version, or read-only at ``version`` or at the one current at ``as_of``."""
+        ...
 
-    def drop_table(self, name: str) -> None: ...
+    def drop_table(self, name: str) -> None:
+        """Remove a table and its files."""
+        ...
 
-    def sql(self, query: str, *, memory_limit_bytes: int | None = None, max_rows: int | None = None) -> pa.Table: ...
+    def sql(self, query: str, *, memory_limit_bytes: int | None = None, max_rows: int | None = None) -> pa.Table:
+        """Run one read-only SQL query over the tables and the search table functions."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the connection holds (background work, connection pools)."""
+        ...
 
     def __enter__(self) -> Self: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+class AsyncTable(Searches[Awaitable[pa.Table]], Protocol):
+    """:class:`Table` as coroutines (``superfile.connect_async``): the same methods, arguments, results and
+    errors, awaited. What reads the table is a coroutine, so ``version`` and ``properties`` are methods here
+    (``await table.version()``); ``schema`` and ``options`` are known once the table is open."""
+
+    name: str
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table's Arrow schema, ``_id`` first."""
+        ...
+
+    @property
+    def options(self) -> TableOptions:
+        """What the table was created with: full-text and vector columns, partitioning, consistency."""
+        ...
+
+    async def version(self) -> int:
+        """As :attr:`Table.version`."""
+        ...
+
+    async def properties(self) -> dict[str, Any]:
+        """As :attr:`Table.properties`."""
+        ...
+
+    async def stats(self) -> dict[str, Any]:
+        """As :meth:`Table.stats`."""
+        ...
+
+    async def versions(self) -> list[dict[str, Any]]:
+        """As :meth:`Table.versions`."""
+        ...
+
+    async def idempotency_version(self, idempotency_key: str) -> int | None:
+        """As :meth:`Table.idempotency_version`."""
+        ...
+
+    async def checkout(
+        self, version: int | None = None, *, as_of: datetime.datetime | int | float | None = None
+    ) -> AsyncTable:
+        """As :meth:`Table.checkout` (a coroutine: resolving ``as_of`` reads the table's history)."""
+        ...
+
+    async def to_arrow(self, columns: list[str] | None = None, where: str | None = None) -> pa.Table:
+        """As :meth:`Table.to_arrow`."""
+        ...
+
+    async def count_rows(self, where: str | None = None) -> int:
+        """As :meth:`Table.count_rows`."""
+        ...
+
+    async def changes(
+        self, from_version: int, to_version: int | None = None, *, columns: list[str] | None = None
+    ) -> pa.Table:
+        """As :meth:`Table.changes`."""
+        ...
+
+    async def search(self, request: SearchRequest) -> pa.Table:
+        """Run one search: ``_id``, ``score`` and the projected columns, best first."""
+        ...
+
+    async def append(self, data: Any, *, idempotency_key: str | None = None) -> int | None:
+        """As :meth:`Table.append`."""
+        ...
+
+    async def delete(self, where: str, *, idempotency_key: str | None = None) -> int | None:
+        """As :meth:`Table.delete`."""
+        ...
+
+    async def update(self, where: str, data: Any, *, idempotency_key: str | None = None) -> int | None:
+        """As :meth:`Table.update`."""
+        ...
+
+    async def restore(self, version: int, *, idempotency_key: str | None = None) -> int | None:
+        """As :meth:`Table.restore`."""
+        ...
+
+    async def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]:
+        """As :meth:`Table.optimize`."""
+        ...
+
+    async def cleanup(
+        self,
+        older_than: datetime.timedelta | float = ...,
+        *,
+        dry_run: bool = False,
+        safety_margin: datetime.timedelta | float | None = None,
+    ) -> dict[str, Any]:
+        """As :meth:`Table.cleanup`."""
+        ...
+
+
+class AsyncCatalog(Protocol):
+    """:class:`Catalog` as coroutines; ``async with`` closes it (``aclose``)."""
+
+    uri: str
+
+    async def table_names(self) -> list[str]:
+        """As :meth:`Catalog.table_names`."""
+        ...
+
+    async def create_table(
+        self,
+        name: str,
+        schema: pa.Schema | None = None,
+        data: Any = None,
+        *,
+        fts_columns: Sequence[str] | Mapping[str, str] = (),
+        vector_columns: Mapping[str, Any] | None = None,
+        tokenizer: str | Mapping[str, str] = "english",
+        partition: str | Mapping[str, str] | PartitionSpec | None = None,
+        consistency: str = "strong",
+        exist_ok: bool = False,
+        **options: Any,
+    ) -> AsyncTable:
+        """As :meth:`Catalog.create_table`."""
+        ...
+
+    async def open_table(
+        self,
+        name: str,
+        version: int | None = None,
+        *,
+        as_of: datetime.datetime | int | float | None = None,
+        consistency: str | None = None,
+    ) -> AsyncTable:
+        """As :meth:`Catalog.open_table`."""
+        ...
+
+    async def drop_table(self, name: str) -> None:
+        """As :meth:`Catalog.drop_table`."""
+        ...
+
+    async def sql(self, query: str, *, memory_limit_bytes: int | None = None, max_rows: int | None = None) -> pa.Table:
+        """As :meth:`Catalog.sql`."""
+        ...
+
+    async def aclose(self) -> None:
+        """As :meth:`Catalog.close`, awaiting the connection pool's shutdown."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import re
 import uuid
@@ -26,6 +27,7 @@ from superfile.maintenance import AutoMaintenance, MaintenancePolicy
 from superfile.manifest.model import HistoryEntry, ManifestList, Pointer, now_ms
 from superfile.manifest.store import POINTER
 from superfile.options import PartitionSpec
+from superfile.remote.async_db import AsyncRemoteConnection
 from superfile.remote.db import RemoteConnection
 from superfile.schema import table_schema
 from superfile.search.fleet import Fleet
@@ -34,9 +36,10 @@ from superfile.table import Supertable
 from superfile.table.history import upgrade
 from superfile.table.snapshot import Snapshot
 from superfile.tables import TableRoot
+from superfile.threaded import ThreadedCatalog
 from superfile.validate import check_name, create_schema, namespace_of, table_options
 
-__all__ = ["Connection", "connect"]
+__all__ = ["Connection", "connect", "connect_async"]
 
 _MANIFEST_PATH = re.compile(r"_manifests/[0-9]{1,20}-[0-9a-f]{8,64}\.json")
 
@@ -274,9 +277,24 @@ class Connection(Catalog):
 
 def connect(uri: str, **options: Any) -> Connection | RemoteConnection:
     """Open the catalog at ``uri``: ``memory://name``, ``file:///dir`` (or a plain path), ``s3://bucket/prefix``
-    (a :class:`Connection`), or a gateway at ``http(s)://host:port`` with ``api_key=...`` (a
-    :class:`superfile.remote.RemoteConnection`, same methods and result types: both are a
-    :class:`superfile.api.Catalog`)."""
-    if uri.startswith(("http://", "https://")):
+    (a :class:`Connection`), or a gateway at ``http(s)://host:port`` with ``api_key=...`` (default:
+    ``SUPERFILE_API_KEY`` from the environment; a :class:`superfile.remote.RemoteConnection`, same methods and
+    result types: both are a :class:`superfile.api.Catalog`)."""
+    if _is_gateway(uri):
         return RemoteConnection(uri, **options)
     return Connection(uri, **options)
+
+
+async def connect_async(uri: str, **options: Any) -> ThreadedCatalog | AsyncRemoteConnection:
+    """:func:`connect` for asyncio: the same catalog and options, every method a coroutine (an
+    :class:`superfile.api.AsyncCatalog`). A gateway is spoken to with httpx (a
+    :class:`superfile.remote.AsyncRemoteConnection`: many requests in flight from one event loop); any other
+    URI opens a :class:`Connection` whose calls run in worker threads (:class:`superfile.threaded.ThreadedCatalog`).
+    Await it in the event loop that will use the connection."""
+    if _is_gateway(uri):
+        return AsyncRemoteConnection(uri, **options)
+    return ThreadedCatalog(await asyncio.to_thread(Connection, uri, **options))
+
+
+def _is_gateway(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Faults", "FaultyHttpProxy", "Request", "conditional_put", "writes"]
+__all__ = ["Faults", "FaultyHttpProxy", "Request", "conditional_put", "first_try_of_each_write", "writes"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,21 @@ def conditional_put(request: Request) -> bool:
 def writes(request: Request) -> bool:
     """Any request that may change something (every method but GET and HEAD)."""
     return request.method not in ("GET", "HEAD")
+
+
+def first_try_of_each_write() -> Callable[[Request], bool]:
+    """A rule matching each write the first time its ``Idempotency-Key`` passes, and never its repeats: losing
+    those answers makes a client retry every write once, with the same key."""
+    seen: set[str] = set()
+
+    def first(request: Request) -> bool:
+        key = request.headers.get("idempotency-key")
+        if not writes(request) or key is None or key in seen:
+            return False
+        seen.add(key)
+        return True
+
+    return first
 
 
 _KINDS = ("lose", "error", "truncate", "refuse", "reset", "cut_upload", "delay")

@@ -92,6 +92,27 @@ def test_sdk_raises_typed_errors(server: BackgroundServer, engine: superfile.Con
     assert state(engine, "docs") == before
 
 
+def test_a_missing_key_names_the_variable(
+    server: BackgroundServer, tables: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SDK that sent no key is told both ways to give one; connect() reads SUPERFILE_API_KEY itself."""
+    monkeypatch.delenv("SUPERFILE_API_KEY", raising=False)
+    with superfile.connect(server.url) as db, pytest.raises(AuthenticationError, match="SUPERFILE_API_KEY") as missing:
+        db.table_names()
+    assert "api_key=" in str(missing.value)
+    with superfile.connect(server.url, api_key="nope") as db, pytest.raises(AuthenticationError) as wrong:
+        db.table_names()
+    assert "SUPERFILE_API_KEY" not in str(wrong.value)  # a key was sent: it is wrong, not missing
+    monkeypatch.setenv("SUPERFILE_API_KEY", "reader-key")
+    with superfile.connect(server.url) as db:
+        assert "docs" in db.table_names()
+    monkeypatch.setenv("SUPERFILE_API_KEY", "stale-key")
+    with superfile.connect(server.url) as db, pytest.raises(AuthenticationError, match="SUPERFILE_API_KEY"):
+        db.table_names()  # a wrong key from the environment: the message says where it came from
+    with superfile.connect(server.url, api_key="reader-key") as db:
+        assert "docs" in db.table_names()  # an explicit key wins over the environment
+
+
 def test_no_keys_refuses_to_start(storage: str) -> None:
     with pytest.raises(ConfigError, match="no API keys"):
         Settings(storage=storage)

@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa
 
 from superfile.api import Catalog
-from superfile.errors import InvalidOptionError
 from superfile.options import PartitionSpec
 from superfile.remote.client import GatewayClient
+from superfile.remote.handle import create_table_call, drop_call, open_table_call, sql_call, tables_call
 from superfile.remote.table import RemoteTable
-from superfile.remote.wire import schema_to_b64
-from superfile.validate import (  # the engine's own rules, before any request
-    check_name,
-    create_schema,
-    table_options,
-)
 
 __all__ = ["RemoteConnection"]
 
@@ -41,9 +34,11 @@ class RemoteConnection(Catalog):
         headers: Mapping[str, str] | None = None,
         max_retries: int = 4,
     ) -> None:
-        """``max_retries``: how often a request that is safe to repeat (a read, or a write with its request
-        key) is sent again after no answer, a 429, 502 or 503, with jittered backoff (``Retry-After`` when
-        the gateway gives it). Creating, dropping, optimizing and cleaning up are never repeated."""
+        """``api_key``: the gateway's API key (default: ``SUPERFILE_API_KEY`` from the environment).
+        ``timeout``: seconds to wait for each answer. ``max_retries``: how often a request that is safe to
+        repeat (a read, or a write with its request key) is sent again after no answer, a 429, 502 or 503,
+        with jittered backoff (``Retry-After`` when the gateway gives it). Creating, dropping, optimizing and
+        cleaning up are never repeated."""
         self.uri = uri.rstrip("/")
         self.client = GatewayClient(
             self.uri, api_key=api_key, timeout=timeout, headers=headers, max_retries=max_retries
@@ -52,7 +47,7 @@ class RemoteConnection(Catalog):
     # -- catalog ------------------------------------------------------------------------
     def table_names(self) -> list[str]:
         """Names of every table the API key can see, sorted."""
-        return list(self.client.json("GET", "/tables")["tables"])
+        return self.client.call(tables_call())
 
     def create_table(
         self,
@@ -69,30 +64,20 @@ class RemoteConnection(Catalog):
         **options: Any,
     ) -> RemoteTable:
         """Create a table from a schema (or from ``data``, whose schema it takes and which it appends)."""
-        check_name(name)
-        schema, data = create_schema(schema, data)
-        opts = table_options(  # checked here as the engine checks them, then sent as the engine reads them
+        call, data = create_table_call(
+            name,
+            schema,
+            data,
             fts_columns=fts_columns,
             vector_columns=vector_columns,
             tokenizer=tokenizer,
             partition=partition,
             consistency=consistency,
+            exist_ok=exist_ok,
             options=options,
         )
-        body = {
-            "name": name,
-            "schema_ipc": schema_to_b64(schema),
-            "fts_columns": dict(opts.fts_columns),
-            "vector_columns": {
-                k: {"dim": v.dim, "metric": v.metric, "index": dict(v.index)} for k, v in opts.vector_columns.items()
-            },
-            "partition": asdict(opts.partition) if opts.partition is not None else None,
-            "consistency": consistency,
-            "exist_ok": exist_ok,
-            "options": options,
-        }
-        info = self.client.json("POST", "/tables", payload=body)
-        table = RemoteTable.of(self.client, info)
+        info = self.client.call(call)
+        table = RemoteTable(self.client, info)
         if data is not None and info.get("created", True):
             table.append(data)
         return table
@@ -112,24 +97,19 @@ class RemoteConnection(Catalog):
         ``consistency`` is not taken: the gateway reads with the table's own
         policy, and ``wait_for`` positions give read-your-writes.
         """
-        if consistency is not None:
-            raise InvalidOptionError("a remote table reads with the table's own consistency policy; omit consistency")
-        return RemoteTable.open(self.client, check_name(name), version, as_of)
+        return RemoteTable(self.client, *self.client.call(open_table_call(name, version, as_of, consistency)))
 
     def drop_table(self, name: str) -> None:
-        self.client.request("DELETE", f"/tables/{check_name(name)}")
+        """Remove a table (never retried: a repeated drop after a lost answer would find no table)."""
+        self.client.call(drop_call(name))
 
     def sql(self, query: str, *, memory_limit_bytes: int | None = None, max_rows: int | None = None) -> pa.Table:
         """Run one read-only SQL query (tables the API key cannot read do not exist for it), within the
         gateway's limits, tightened by ``memory_limit_bytes`` and ``max_rows``."""
-        body: dict[str, object] = {"query": query}
-        if memory_limit_bytes is not None:
-            body["memory_limit_bytes"] = memory_limit_bytes
-        if max_rows is not None:
-            body["max_rows"] = max_rows
-        return self.client.arrow("/sql", body)
+        return self.client.call(sql_call(query, memory_limit_bytes, max_rows))
 
     def close(self) -> None:
+        """Close the keep-alive connections to the gateway."""
         self.client.close()
 
     def __enter__(self) -> RemoteConnection:

@@ -198,14 +198,17 @@ class Supertable(Table):
     # -- metadata -----------------------------------------------------------------
     @property
     def version(self) -> int:
+        """The version reads see now: refreshed as the consistency policy says (a pinned handle: its own)."""
         return self._current().version
 
     @property
     def schema(self) -> pa.Schema:
+        """The table's Arrow schema, ``_id`` first."""
         return self._snapshot.schema
 
     @property
     def options(self) -> TableOptions:
+        """What the table was created with: full-text and vector columns, partitioning, consistency."""
         return self._snapshot.manifest.options
 
     @property
@@ -265,6 +268,7 @@ class Supertable(Table):
         return snap.scan(columns, predicate)
 
     def count_rows(self, where: str | None = None) -> int:
+        """How many rows (match ``where``); without a predicate the manifest's count, no superfile opened."""
         snap = self._current()
         return snap.count(parse_predicate(where, snap.schema) if where is not None else None)
 
