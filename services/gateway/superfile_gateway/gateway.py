@@ -8,6 +8,7 @@ read asks for; ``encode`` turns rows into the response the client accepts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import hashlib
 import hmac
@@ -49,6 +50,7 @@ from superfile.remote.wire import (
     to_ipc,
 )
 from superfile.schema import ID, SCORE
+from superfile.search.request import ExactMatch, SearchRequest, TokenMatch
 from superfile.sql import SqlLimits
 from superfile.table import Supertable
 from superfile.table.cleanup import DEFAULT_RETENTION
@@ -247,17 +249,16 @@ class Gateway:
 
     # -- operations ---------------------------------------------------------------------
     async def search(
-        self,
-        request: Request,
-        principal: Principal,
-        name: str,
-        kind: str,
-        at: At,
-        wait_for: str | None,
-        run: Callable[[Supertable], pa.Table],
+        self, request: Request, principal: Principal, name: str, at: At, wait_for: str | None, search: SearchRequest
     ) -> Response:
-        """A search, on the thread pool: the event loop only routes (health and metrics never wait behind one)."""
-        return await run_in_threadpool(self.query, request, principal, name, kind, at, wait_for, run)
+        """A search, on the thread pool: the event loop only routes (health and metrics never wait behind one).
+        An unranked match returns at most ``max_result_rows`` rows (or fewer, if it asks for fewer)."""
+        if isinstance(search, TokenMatch | ExactMatch):
+            search = dataclasses.replace(search, max_rows=self.result_cap(search.max_rows))
+        capped = search
+        return await run_in_threadpool(
+            self.query, request, principal, name, search.kind, at, wait_for, lambda t: t.search(capped)
+        )
 
     def query(
         self,

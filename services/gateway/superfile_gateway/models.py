@@ -1,34 +1,42 @@
-"""Request bodies (pydantic): they validate the JSON shape (422) and document the API in OpenAPI."""
+"""Request bodies (pydantic): they validate the JSON shape (422) and document the API in OpenAPI.
+
+The search bodies are not written here: ``search_body`` generates each from its ``superfile.search.request``
+dataclass, whose fields are exactly the body (``SEARCH_BODIES``: kind -> model).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from superfile.search.request import KINDS, SearchRequest
 
 __all__ = [
-    "Bm25Request",
+    "SEARCH_BODIES",
     "CleanupRequest",
     "CountRequest",
     "CreateTableRequest",
     "DeleteRequest",
-    "ExactMatchRequest",
     "HybridRequest",
     "OptimizeRequest",
     "PartitionModel",
-    "PrefixRequest",
     "RestoreRequest",
     "ScanRequest",
     "SqlRequest",
-    "TokenMatchRequest",
-    "VectorRequest",
     "VectorSpec",
+    "search_body",
 ]
 
 
+# strict: JSON true is not the number 1, 2.0 is not a count, "5" is not a number (422 otherwise)
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class _Body(BaseModel):
-    # strict: JSON true is not the number 1, 2.0 is not a count, "5" is not a number (422 otherwise)
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = _STRICT
 
 
 class VectorSpec(_Body):
@@ -59,47 +67,6 @@ class CreateTableRequest(_Body):
     consistency: str = "strong"
     exist_ok: bool = False
     options: dict[str, Any] = Field(default_factory=dict, description="further TableOptions fields")
-
-
-class Bm25Request(_Body):
-    column: str
-    query: str
-    k: int = 10
-    mode: str = "any"
-    projection: list[str] | None = None
-
-
-class PrefixRequest(_Body):
-    column: str
-    prefix: str
-    k: int = 10
-    projection: list[str] | None = None
-
-
-class TokenMatchRequest(_Body):
-    column: str
-    tokens: str | list[str]
-    mode: str = "and"
-    projection: list[str] | None = None
-    max_rows: int | None = Field(default=None, ge=1, description="at most this many rows (the gateway caps it)")
-
-
-class ExactMatchRequest(_Body):
-    column: str
-    value: str
-    projection: list[str] | None = None
-    max_rows: int | None = Field(default=None, ge=1, description="at most this many rows (the gateway caps it)")
-
-
-class VectorRequest(_Body):
-    column: str
-    vector: list[float]
-    k: int = 10
-    nprobe: int | None = None
-    rerank: int | None = None
-    filter: dict[str, Any] | None = Field(None, description='{"column": ..., "query": ..., "mode": "any"|"all"}')
-    where: str | None = None
-    projection: list[str] | None = None
 
 
 class HybridRequest(_Body):
@@ -154,3 +121,36 @@ class CleanupRequest(_Body):
 
 class RestoreRequest(_Body):
     version: int = Field(strict=True)
+
+
+_FIELDS: dict[str, Callable[[], Any]] = {  # what a body adds to its dataclass's fields, by field name
+    "max_rows": lambda: Field(ge=1, description="at most this many rows (the gateway caps it)"),
+}
+
+
+def search_body(cls: type[SearchRequest]) -> type[BaseModel]:
+    """The strict body model of one search kind: the dataclass's fields with their types and defaults (its own
+    fields first, then those every search has), its docstring as the description, named as the hand-written
+    models were (``bm25`` -> ``Bm25Request``), so the OpenAPI document keeps its names."""
+    hints = get_type_hints(cls)
+    common = {f.name for f in dataclasses.fields(SearchRequest)}
+    fields: dict[str, Any] = {}
+    for f in sorted(dataclasses.fields(cls), key=lambda f: f.name in common):
+        annotation = hints[f.name]
+        if f.name in _FIELDS:
+            annotation = Annotated[annotation, _FIELDS[f.name]()]
+        if f.default is not dataclasses.MISSING:
+            fields[f.name] = (annotation, f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            fields[f.name] = (annotation, Field(default_factory=f.default_factory))
+        else:
+            fields[f.name] = (annotation, ...)
+    name = "".join(part.capitalize() for part in cls.kind.split("_")) + "Request"
+    model: type[BaseModel] = create_model(
+        name, __config__=_STRICT, __doc__=inspect.cleandoc(cls.__doc__ or ""), __module__=__name__, **fields
+    )
+    return model
+
+
+SEARCH_BODIES: dict[str, type[BaseModel]] = {kind: search_body(cls) for kind, cls in KINDS.items()}
+"""Each search kind's body model (``POST /tables/{name}/search/{kind}``)."""
