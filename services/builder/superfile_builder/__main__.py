@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 import superfile
+from superfile.connection import Connection
 from superfile.io.cache import DEFAULT_BUDGET_BYTES
 from superfile.maintenance import CompactionPolicy, Compactor
 from superfile.telemetry import serve
@@ -51,7 +52,10 @@ class Builder:
         """``connect_options``: ``superfile.connect``'s options (the disk cache's) for this process and the
         compaction process."""
         options = dict(connect_options or {})
-        self.conn = superfile.connect(storage, **options)
+        conn = superfile.connect(storage, **options)
+        if not isinstance(conn, Connection):  # a gateway's URL: the builder writes the table's storage itself
+            raise ValueError(f"the builder needs a storage URI (file://, s3://, memory://), got {storage!r}")
+        self.conn = conn
         self.config = config
         self.tables = list(tables) if tables else None
         self.rescan_s = rescan_ms / 1000

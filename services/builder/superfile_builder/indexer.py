@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
+from superfile.commit.requirements import Requirement
 from superfile.errors import InvalidInputError, VersionNotFoundError
 from superfile.events import Event
-from superfile.manifest.model import ManifestList
 from superfile.schema import coerce
 from superfile.table import Supertable, Transaction
 
@@ -60,14 +60,14 @@ class Batch:
         self,
         table: Supertable,
         start: int,
-        precondition: Callable[[ManifestList], None] | None = None,
+        requires: Sequence[Requirement] = (),
         *,
         ready: Callable[[], None] | None = None,
         guard: Callable[[], None] | None = None,
     ) -> None:
         self.table = table
         self.start = start
-        self._precondition = precondition
+        self._requires = tuple(requires)  # what the table must still say when the batch commits (fencing)
         self._ready = ready  # called before the table is consulted (the batch before must be in it by then)
         self._guard = guard  # raises if this builder may no longer write the table (before a restore)
         self.end = start  # next offset to consume: the log_offsets this batch commits
@@ -92,7 +92,7 @@ class Batch:
     def transaction(self) -> Transaction:
         """The transaction (opened on the latest snapshot at the first event, or now), with everything staged."""
         if self._tx is None:
-            self._tx = self.table.transaction(precondition=self._precondition)
+            self._tx = self.table.transaction(requires=self._requires)
         self._stage_appends()
         return self._tx
 

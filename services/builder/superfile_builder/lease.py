@@ -16,8 +16,9 @@ The holder trusts its lease only until ``renewed_at + ttl`` by its own clock
 (minus a margin), with ``renewed_at`` taken *before* the renew command was
 sent: Redis starts its ttl later than that, so the holder's view expires
 first. A builder whose renewal fails stops committing for that table; the
-publisher's manifest precondition covers the remaining window (a pause between
-the validity check and the pointer swap).
+publisher's requirements cover the remaining window (the offset and fence the
+manifest records, and the lease's deadline on the wall clock, checked on every
+publish attempt).
 """
 
 from __future__ import annotations
@@ -80,6 +81,16 @@ class Lease:
         """True while this builder may commit for the table."""
         with self._lock:
             return self._token is not None and time.monotonic() < self._valid_until
+
+    def deadline_ms(self) -> int | None:
+        """Until when this builder may commit for the table, on the wall clock (epoch milliseconds; None when
+        the lease is not held): the deadline :meth:`valid` keeps by the monotonic clock, as of now. A commit
+        carries it as a requirement (``AssertBefore``), so an attempt made after it is refused."""
+        with self._lock:
+            mono, wall = time.monotonic(), time.time()
+            if self._token is None or mono >= self._valid_until:
+                return None
+            return int((wall + (self._valid_until - mono)) * 1000)
 
     def try_acquire(self, committed_fence: Callable[[], int] = lambda: 0) -> bool:
         """Take the lease if nobody holds it; True when this builder now holds it. ``committed_fence`` returns

@@ -259,7 +259,7 @@ class TablePipeline(threading.Thread):
             self._next,
             self.publisher.precondition(self._next),
             ready=self._await_commit,
-            guard=self.publisher.guard(lambda: table.properties, self._next),
+            guard=self.publisher.guard(lambda: table.snapshot().manifest, self._next),
         )
 
     def _commit(self) -> None:

@@ -7,8 +7,8 @@ import pytest
 import redis
 import superfile
 from builder_support import create_table, rows, wait_until
+from superfile.commit.requirements import AssertTableUUID, AssertVersion, RequirementFailedError
 from superfile.events import LOG_PROPERTY, SOURCES_PROPERTY, Event, topic_for
-from superfile.manifest.model import ManifestList
 from superfile_builder.indexer import Batch
 from superfile_builder.lease import Lease
 from superfile_builder.processor import Processed
@@ -109,22 +109,17 @@ def test_old_holder_commit_fences_the_new_one(s3_uri: str, redis_server: Server,
 
 
 def test_transaction_precondition_runs_on_every_publish_attempt(table_name: str) -> None:
-    """The engine hook the publisher relies on: checked against the manifest each attempt builds on."""
+    """The engine hook the publisher relies on: requirements checked against the manifest each attempt builds on."""
     table = superfile.connect(f"memory://{table_name}").create_table("t", pa.schema([("k", pa.int64())]))
-    seen: list[int] = []
+    refuse_from_v2 = AssertVersion(1)  # met by the version the transaction starts on, not by any later one
 
-    def refuse_from_v2(manifest: ManifestList) -> None:
-        seen.append(manifest.version)
-        if manifest.version >= 2:
-            raise FencedError("moved on")
-
-    tx = table.transaction(precondition=refuse_from_v2)
+    tx = table.transaction(requires=[refuse_from_v2])
     tx.append({"k": [1]})
     table.append({"k": [2]})  # a concurrent commit: the first attempt loses the swap and re-checks
-    with pytest.raises(FencedError):
+    with pytest.raises(RequirementFailedError) as refused:
         tx.commit()
-    assert seen == [1, 2] and table.count_rows() == 1
+    assert refused.value.requirement == refuse_from_v2 and refused.value.actual == 2 and table.count_rows() == 1
 
-    ok = table.transaction(precondition=lambda m: seen.append(m.version))
+    ok = table.transaction(requires=[AssertTableUUID(table.snapshot().manifest.table_uuid), AssertVersion(2)])
     ok.append({"k": [3]})
-    assert ok.commit() == 3 and seen[-1] == 2 and table.count_rows() == 2
+    assert ok.commit() == 3 and table.count_rows() == 2

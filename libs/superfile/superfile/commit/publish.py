@@ -6,12 +6,20 @@ change is re-applied on top of the new manifest (the superfiles are already
 built and uploaded, so a retry only rewrites metadata), with jittered backoff,
 up to ``max_attempts`` times.
 
+A :class:`~superfile.commit.change.Change` is a value (``commit/change.py``):
+every attempt interprets it against the manifest it builds on, in this order:
+the change's requirements are checked (``commit/requirements.py``; one that
+fails aborts the commit), its idempotency keys are recorded
+(``commit/idempotency.py``; one already there aborts it with
+``AlreadyCommitted``), and its superfiles and deletes are applied.
+
 Re-applying is a rebase, not a blind replay. Deletes name rows by offset in a
 superfile *and* by ``_id``: when the superfile is gone from the newer manifest
 (an ``optimize`` rewrote it) or the row is no longer live there (a concurrent
-update moved it), ``Change.rebase`` finds the live row carrying that ``_id``
-and the delete applies to it. A rewrite (``optimize``) that finds rows newly
-deleted from its inputs moves those deletes onto its outputs (``Change.carry``).
+update moved it), the live row carrying that ``_id`` is found and the delete
+applies to it (``Change.rebase``, ``commit/rebase.py``). A rewrite
+(``optimize``) that finds rows newly deleted from its inputs moves those
+deletes onto its outputs (``Change.carry``).
 
 A lost answer never commits twice: objects are created with ``io.write_new``
 (a retry that meets its own bytes is success), and a pointer swap that failed
@@ -23,12 +31,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 import pyroaring
 
+from superfile.commit.change import Change, Deletion, StaleSuperfileError
+from superfile.commit.idempotency import record_new
+from superfile.commit.rebase import carried, follow
+from superfile.commit.requirements import check_all
 from superfile.errors import (
     CommitStateUnknownError,
     ContentionError,
@@ -48,77 +59,7 @@ from superfile.manifest.model import (
 from superfile.manifest.store import ManifestStore, backoff
 from superfile.manifest.summary import part_ref
 
-__all__ = ["Change", "Deletion", "StaleSuperfileError", "apply_change", "publish", "publish_with"]
-
-
-class StaleSuperfileError(ContentionError):
-    """A superfile the change deletes from was removed by a concurrent commit."""
-
-
-@dataclass
-class Deletion:
-    """Rows newly deleted from one superfile: offsets, and the ``_id`` of each (so a rebase can follow a row
-    that a concurrent commit moved)."""
-
-    entry: SuperfileEntry
-    rows: pyroaring.BitMap = field(default_factory=pyroaring.BitMap)
-    _offsets: list[np.ndarray] = field(default_factory=list, repr=False)
-    _ids: list[np.ndarray] = field(default_factory=list, repr=False)
-
-    def add(self, offsets: np.ndarray, ids: np.ndarray) -> None:
-        """Add rows (offsets not already in this deletion) with their ``_id``s."""
-        self.rows |= pyroaring.BitMap(np.asarray(offsets, np.uint32))
-        self._offsets.append(np.asarray(offsets, np.int64))
-        self._ids.append(np.asarray(ids, np.uint64))
-
-    def ids_of(self, rows: pyroaring.AbstractBitMap) -> np.ndarray:
-        """The ``_id``s of some of this deletion's rows."""
-        offsets = np.concatenate(self._offsets) if self._offsets else np.zeros(0, np.int64)
-        ids = np.concatenate(self._ids) if self._ids else np.zeros(0, np.uint64)
-        want = np.fromiter(rows, np.int64, len(rows))
-        order = np.argsort(offsets, kind="stable")
-        pos = np.searchsorted(offsets[order], want)
-        if len(want) and (pos.max() >= len(offsets) or not np.array_equal(offsets[order][pos], want)):
-            raise ValueError("rows without a recorded _id")  # a caller bug: every row is added with its _id
-        return ids[order[pos]]
-
-
-@dataclass
-class Change:
-    """Everything one commit publishes."""
-
-    table_uuid: str
-    operation: str
-    added: list[SuperfileEntry] = field(default_factory=list)
-    deletions: dict[str, Deletion] = field(default_factory=dict)
-    properties: dict[str, Any] = field(default_factory=dict)
-    # Runs against the manifest being built on; may raise to abort (e.g. an idempotency check).
-    precondition: Callable[[ManifestList], None] | None = None
-    # Superfiles this change replaces (optimize), by path, as the change read them.
-    removed: dict[str, SuperfileEntry] = field(default_factory=dict)
-    # Given a removed superfile as the change read it and its deletion vector now, the rows deleted since
-    # (concurrently) as deletions of added superfiles, so a delete that raced the rewrite still applies.
-    # Without it, or if it raises StaleSuperfileError, such a race fails the publish.
-    carry: Callable[[SuperfileEntry, pyroaring.AbstractBitMap], dict[str, pyroaring.BitMap]] | None = None
-    # Given the manifest being built on, its path and the _ids of rows this change deletes that are no longer
-    # live where it staged them, the deletions to apply instead (of that manifest's or this change's added
-    # superfiles). Without it, a delete from a superfile that is gone fails the publish (StaleSuperfileError).
-    rebase: Callable[[ManifestList, str, np.ndarray], list[Deletion]] | None = None
-    # Properties computed against the manifest being built on, on every attempt; may raise to abort.
-    derive_properties: Callable[[ManifestList], dict[str, Any]] | None = None
-
-    @property
-    def rows_added(self) -> int:
-        """Rows the change adds to the table's content (a rewrite that keeps the content adds none)."""
-        return sum(e.rows for e in self.added) - sum(e.live_rows for e in self.removed.values())
-
-    def is_empty(self) -> bool:
-        return (
-            not self.added
-            and not self.removed
-            and not any(len(d.rows) for d in self.deletions.values())
-            and not self.properties
-        )
+__all__ = ["Change", "Deletion", "StaleSuperfileError", "apply_change", "locate", "publish", "publish_with"]
 
 
 def _with_deletes(
@@ -132,28 +73,11 @@ def _with_deletes(
     return replace(entry, deletes=DeletionRef(store.write_deletes(merged), len(merged))), newly
 
 
-def _carry(
-    read: SuperfileEntry,
-    now: SuperfileEntry,
-    change: Change,
-    store: ManifestStore,
-    carried: dict[str, pyroaring.BitMap],
-) -> None:
-    """Deletes that landed on a removed superfile after the change read it, moved onto the added superfiles."""
-    if read.deletes == now.deletes:
-        return
-    if change.carry is None:
-        raise StaleSuperfileError(f"superfile {read.path!r} this change replaces was changed by a concurrent commit")
-    after = store.load_deletes(now.deletes.path) if now.deletes else pyroaring.FrozenBitMap()
-    for path, rows in change.carry(read, after).items():
-        carried.setdefault(path, pyroaring.BitMap()).update(rows)
-
-
 def _may_hold(ref: PartRef, entry: SuperfileEntry) -> bool:
     return ref.partition == entry.partition and ref.id_min <= entry.id_min and entry.id_max <= ref.id_max
 
 
-def _locate(
+def locate(
     current: ManifestList, store: ManifestStore, touched: list[SuperfileEntry]
 ) -> dict[str, tuple[int, SuperfileEntry]]:
     """Where each touched superfile is in ``current``: (part index, entry as it is now); absent if gone.
@@ -181,7 +105,6 @@ def _part(store: ManifestStore, ml: ManifestList, partition: str | None, entries
 
 def _rebase(
     current: ManifestList,
-    current_path: str,
     change: Change,
     store: ManifestStore,
     pending: dict[str, pyroaring.BitMap],
@@ -191,7 +114,7 @@ def _rebase(
     """Point ``pending`` (this change's deletes of existing superfiles, by path) at where the rows are live in
     ``current``; rows found in this change's own superfiles go to ``own``. Returns where pending paths are."""
     staged = change.deletions
-    where = _locate(current, store, [staged[p].entry for p in pending])
+    where = locate(current, store, [staged[p].entry for p in pending])
     lost: list[np.ndarray] = []
     for path in list(pending):
         rows = pending[path]
@@ -214,19 +137,20 @@ def _rebase(
     if not lost or change.rebase is None:
         return where
     moved: dict[str, SuperfileEntry] = {}
-    for d in change.rebase(current, current_path, np.concatenate(lost)):
+    for d in follow(current, store, change, np.concatenate(lost)):
         target = own if d.entry.path in added_paths else pending
         target.setdefault(d.entry.path, pyroaring.BitMap()).update(d.rows)
         if d.entry.path not in added_paths and d.entry.path not in where:
             moved[d.entry.path] = d.entry
-    where.update(_locate(current, store, list(moved.values())))
+    where.update(locate(current, store, list(moved.values())))
     return where
 
 
 def apply_change(current: ManifestList, current_path: str, change: Change, store: ManifestStore) -> ManifestList:
     """The successor of ``current`` with ``change`` applied; writes new parts and deletion vectors."""
     version = current.version + 1
-    derived = change.derive_properties(current) if change.derive_properties is not None else {}
+    # recorded on every attempt, against the manifest it builds on: raises AlreadyCommitted if one is there
+    derived = record_new(store.storage, current, list(change.record_keys)) if change.record_keys else {}
     added = [replace(e, added_version=version) for e in change.added]
     added_paths = {e.path for e in added}
     rows_deleted = 0
@@ -234,11 +158,11 @@ def apply_change(current: ManifestList, current_path: str, change: Change, store
     pending = {p: pyroaring.BitMap(d.rows) for p, d in change.deletions.items() if len(d.rows)}
     own = {p: pending.pop(p) for p in list(pending) if p in added_paths}  # deletes of rows it adds
     removed = dict(change.removed)
-    carried: dict[str, pyroaring.BitMap] = {}
+    moved_here: dict[str, pyroaring.BitMap] = {}  # deletes carried from removed superfiles onto added ones
 
     slots: list[PartRef | None] = list(current.parts)
-    where = _rebase(current, current_path, change, store, pending, own, added_paths) if pending else {}
-    where.update(_locate(current, store, list(removed.values())) if removed else {})
+    where = _rebase(current, change, store, pending, own, added_paths) if pending else {}
+    where.update(locate(current, store, list(removed.values())) if removed else {})
     if len(removed) > sum(p in where for p in removed):
         raise StaleSuperfileError(
             f"{sum(p not in where for p in removed)} superfile(s) this change replaces were removed by a "
@@ -249,7 +173,8 @@ def apply_change(current: ManifestList, current_path: str, change: Change, store
         rewritten = []
         for e in store.load_part(ref, current.schema):
             if e.path in removed:
-                _carry(removed.pop(e.path), e, change, store, carried)
+                for onto, moved in carried(removed.pop(e.path), e, change, store).items():
+                    moved_here.setdefault(onto, pyroaring.BitMap()).update(moved)
                 continue
             if e.path in pending:
                 e, n = _with_deletes(e, pending.pop(e.path), store)
@@ -260,10 +185,10 @@ def apply_change(current: ManifestList, current_path: str, change: Change, store
         else:
             slots[idx] = None  # every superfile of the part was replaced
     for i, e in enumerate(added):
-        if e.path in own or e.path in carried:
+        if e.path in own or e.path in moved_here:
             mine = own.get(e.path, pyroaring.BitMap())
             rows_deleted += len(mine)  # carried deletes were counted by the commit that made them
-            added[i], _ = _with_deletes(e, pyroaring.BitMap(mine) | carried.get(e.path, pyroaring.BitMap()), store)
+            added[i], _ = _with_deletes(e, pyroaring.BitMap(mine) | moved_here.get(e.path, pyroaring.BitMap()), store)
     parts = [p for p in slots if p is not None]
 
     by_partition: dict[str | None, list[SuperfileEntry]] = defaultdict(list)
@@ -312,8 +237,7 @@ def publish(
     every attempt lost the race."""
 
     def successor(current: ManifestList, current_path: str) -> ManifestList:
-        if change.precondition is not None:
-            change.precondition(current)
+        check_all(change.requires, current)  # raises RequirementFailedError: nothing is committed
         return apply_change(current, current_path, change, store)
 
     return publish_with(store, change.table_uuid, successor, max_attempts=max_attempts, base=base)

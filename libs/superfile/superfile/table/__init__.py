@@ -6,13 +6,15 @@ import datetime
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
 
 from superfile.api import Table
+from superfile.commit import idempotency as _idempotency
 from superfile.commit.publish import Change, publish
+from superfile.commit.requirements import Requirement
 from superfile.errors import (
     InvalidOptionError,
     ObjectNotFoundError,
@@ -28,7 +30,6 @@ from superfile.search.request import SearchRequest
 from superfile.table import changes as _changes
 from superfile.table import cleanup as _cleanup
 from superfile.table import history as _history
-from superfile.table import idempotency as _idempotency
 from superfile.table import optimize as _optimize
 from superfile.table.search import Searcher
 from superfile.table.snapshot import Snapshot, TableFiles
@@ -279,10 +280,12 @@ class Supertable(Table):
         return Searcher.of(self._current()).search(request)
 
     # -- writes -------------------------------------------------------------------
-    def transaction(self, *, precondition: Callable[[ManifestList], None] | None = None) -> Transaction:
+    def transaction(self, *, requires: Iterable[Requirement] = ()) -> Transaction:
         """Stage several writes into one commit: ``with table.transaction() as tx: ...``.
-        ``precondition`` runs against the manifest the commit builds on and may raise to abort it."""
-        return Transaction(self, precondition)
+        ``requires``: requirement values (``superfile.commit.requirements``, e.g. ``AssertVersion``) checked
+        against the manifest each publish attempt builds on; one that fails aborts the commit
+        (``RequirementFailedError``)."""
+        return Transaction(self, requires)
 
     def append(self, data: Any, *, idempotency_key: str | None = None) -> int:
         """Add rows; returns the new version (the current one if ``data`` is empty). A repeated

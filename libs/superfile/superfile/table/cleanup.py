@@ -29,6 +29,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from superfile.commit.idempotency import PREFIX as KEYS_PREFIX
+from superfile.commit.idempotency import block_paths
 from superfile.errors import InvalidOptionError, ObjectNotFoundError, ReadOnlyTableError
 from superfile.io import ObjectInfo
 from superfile.manifest.log import (
@@ -41,8 +43,6 @@ from superfile.manifest.log import (
 )
 from superfile.manifest.model import HistoryEntry, ManifestList
 from superfile.pools import query_pool
-from superfile.table.idempotency import PREFIX as KEYS_PREFIX
-from superfile.table.idempotency import block_paths
 from superfile.validate import DEFAULT_RETENTION, check_seconds
 
 if TYPE_CHECKING:

@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from superfile.commit.idempotency import AlreadyCommitted, committed_version, record_new
 from superfile.commit.publish import publish_with
 from superfile.errors import ObjectNotFoundError, VersionNotFoundError
 from superfile.manifest.log import next_history, oldest_retained
 from superfile.manifest.model import FORMAT_VERSION, HistoryEntry, ManifestList, now_ms
 from superfile.manifest.store import ManifestStore
 from superfile.table.changes import id_delta
-from superfile.table.idempotency import AlreadyCommitted, committed_version, record_new
 from superfile.table.snapshot import Snapshot
 from superfile.validate import check_key, check_version
 
@@ -76,7 +76,7 @@ def restore(table: Supertable, version: int, idempotency_key: str | None = None)
     entry counts rows by ``_id``: added = ``_id``s live after but not before.
     A repeated ``idempotency_key`` publishes nothing and returns the version that committed it.
     """
-    target_entry = table._history_entry(check_version(version))
+    target_entry = table.history_entry(check_version(version))
     files = table.files
     store = files.manifests
     keys = [check_key(idempotency_key)] if idempotency_key is not None else []

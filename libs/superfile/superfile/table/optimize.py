@@ -9,7 +9,8 @@ removes the inputs and adds the outputs. Appends that land meanwhile are
 untouched. A delete that lands on an input after it was read is not lost: on
 the publish attempt that sees it, the newly deleted offsets are mapped
 through ``_id`` to offsets of the new superfiles and carried as their
-deletion vector. Only a concurrent rewrite of the same inputs (another
+deletion vector (the change's ``Carry`` holds the outputs' ``_id``s; publish
+does the mapping, ``commit/rebase.py``). Only a concurrent rewrite of the same inputs (another
 optimize, a restore) makes the publish fail; then the compaction is redone
 from the newer snapshot.
 """
@@ -23,15 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyroaring
 
 from superfile.commit.build import build_shards
-from superfile.commit.publish import Change, StaleSuperfileError
+from superfile.commit.change import Carry, Change, StaleSuperfileError, id_bytes
+from superfile.commit.publish import locate
 from superfile.commit.shard import Shard
 from superfile.errors import InvalidOptionError
 from superfile.manifest.model import SuperfileEntry
 from superfile.manifest.store import backoff
-from superfile.pools import build_pool
+from superfile.pools import build_threads
 from superfile.schema import ID
 from superfile.table.snapshot import Snapshot
 
@@ -96,18 +97,9 @@ def plan(entries: list[SuperfileEntry], target: int) -> dict[str | None, list[Su
     return plan
 
 
-def _shards(
-    snap: Snapshot,
-    partition: str | None,
-    chosen: list[SuperfileEntry],
-    target: int,
-    before: dict[str, pyroaring.AbstractBitMap],
-) -> Iterator[Shard]:
-    """Balanced shards (ceil(rows / target) of them) streamed from the inputs, each sorted by ``_id``.
-    Records each input's deletion vector as read in ``before``."""
+def _shards(snap: Snapshot, partition: str | None, chosen: list[SuperfileEntry], target: int) -> Iterator[Shard]:
+    """Balanced shards (ceil(rows / target) of them) streamed from the inputs, each sorted by ``_id``."""
     total = sum(e.live_rows for e in chosen)
-    for e in chosen:
-        before[e.path] = snap.deleted(e)
     if not total:
         return
     n = math.ceil(total / target)
@@ -128,45 +120,24 @@ def _shards(
 
 
 class _Rewrite:
-    """One compaction's outputs, and how to move rows deleted from its inputs onto them."""
+    """One compaction's outputs, and the ``_id``s of their rows (what publish needs to carry deletes that land
+    on the inputs meanwhile onto them: a :class:`~superfile.commit.change.Carry`)."""
 
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
         self.added: list[SuperfileEntry] = []
-        self._ids: list[np.ndarray] = []  # sorted _ids of each added superfile
-        self.before: dict[str, pyroaring.AbstractBitMap] = {}  # per input: its deletion vector as read
-        self._carried: dict[str, int] = {}  # per input: rows carried on the latest publish attempt
-
-    @property
-    def carried(self) -> int:
-        return sum(self._carried.values())
+        self._ids: dict[str, bytes] = {}  # per added superfile: the _id of each row, in offset order (ascending)
 
     def add(self, shards: list[Shard]) -> None:
         if not shards:
             return
-        self.added.extend(build_shards(shards, self.snap.manifest.options, self.snap.files.storage))
-        self._ids.extend(np.asarray(s.rows.column(ID).to_numpy(), np.uint64) for s in shards)
+        built = build_shards(shards, self.snap.manifest.options, self.snap.files.storage)
+        self.added.extend(built)
+        for entry, s in zip(built, shards, strict=True):
+            self._ids[entry.path] = id_bytes(np.asarray(s.rows.column(ID).to_numpy(), np.uint64))
 
-    def carry(self, read: SuperfileEntry, after: pyroaring.AbstractBitMap) -> dict[str, pyroaring.BitMap]:
-        """Rows of input ``read`` deleted since it was read (``after`` is its deletion vector now), as
-        deletions of the outputs. Rows that came back (a restore) make the rewrite stale."""
-        before = self.before[read.path]
-        if not before.issubset(after):
-            raise StaleSuperfileError(f"rows of superfile {read.path!r} came back while it was rewritten")
-        newly = pyroaring.BitMap(after) - before
-        ids = self.snap.ids(read, np.fromiter(newly, np.int64, len(newly)))
-        out: dict[str, pyroaring.BitMap] = {}
-        self._carried[read.path] = 0
-        for entry, file_ids in zip(self.added, self._ids, strict=True):
-            here = ids[(ids >= entry.id_min) & (ids <= entry.id_max)]
-            if not len(here):
-                continue
-            pos = np.searchsorted(file_ids, here)
-            pos = pos[(pos < len(file_ids)) & (file_ids[np.minimum(pos, len(file_ids) - 1)] == here)]
-            if len(pos):
-                out[entry.path] = pyroaring.BitMap(pos.astype(np.uint32).tolist())
-                self._carried[read.path] += len(pos)
-        return out
+    def carry(self) -> Carry:
+        return Carry(dict(self._ids))
 
 
 def _once(
@@ -178,9 +149,9 @@ def _once(
     chosen_by_partition = select(entries, target)
     rewrite = _Rewrite(snap)
     batch: list[Shard] = []
-    workers = build_pool()._max_workers if parallel else 1
+    workers = build_threads() if parallel else 1
     for partition, chosen in chosen_by_partition.items():
-        for s in _shards(snap, partition, chosen, target, rewrite.before):
+        for s in _shards(snap, partition, chosen, target):
             batch.append(s)
             if len(batch) >= workers:
                 rewrite.add(batch)
@@ -200,12 +171,15 @@ def _once(
     change = Change(
         table_uuid=snap.manifest.table_uuid,
         operation="optimize",
-        added=rewrite.added,
+        added=tuple(rewrite.added),
         removed=removed,
-        carry=rewrite.carry,
+        carry=rewrite.carry(),
     )
     _, manifest = table.commit(change, base=pointer)
-    return {**result, "version": manifest.version, "deletes_carried": rewrite.carried}
+    # the outputs start without deletes: any they have in the version published were carried onto them
+    outputs = locate(manifest, table.files.manifests, rewrite.added).values()
+    carried = sum(e.deletes.count for _, e in outputs if e.deletes is not None)
+    return {**result, "version": manifest.version, "deletes_carried": carried}
 
 
 def optimize(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -11,16 +11,17 @@ import pyarrow.compute as pc
 import pyroaring
 
 from superfile.commit.build import build_shards
-from superfile.commit.publish import Change, Deletion
+from superfile.commit.change import Change, Deletion, Rebase, bitmap_of, id_bytes, offsets_of
+from superfile.commit.idempotency import AlreadyCommitted, committed_version
+from superfile.commit.rebase import holding
+from superfile.commit.requirements import Requirement
 from superfile.commit.shard import shard
 from superfile.commit.stage import WriteBuffer
 from superfile.errors import ContentionError, InvalidInputError, SuperfileError
 from superfile.expressions import Predicate, parse_predicate
-from superfile.manifest.model import ManifestList, Pointer, SuperfileEntry
-from superfile.pools import build_pool
+from superfile.manifest.model import Pointer, SuperfileEntry
+from superfile.pools import build_threads
 from superfile.schema import ID, coerce, coerce_chunks
-from superfile.table.idempotency import AlreadyCommitted, committed_version, record_new
-from superfile.table.snapshot import Snapshot
 from superfile.validate import check_key
 
 if TYPE_CHECKING:
@@ -38,18 +39,23 @@ class Transaction:
     another update) before this one publishes, the delete follows it; a row
     that a concurrent commit deleted stays deleted (an update of it adds
     nothing).
+
+    ``commit()`` publishes one :class:`~superfile.commit.change.Change`: a value
+    holding what was staged, the idempotency keys to record, the requirements
+    (given at creation or with :meth:`require`) and what publish needs to
+    follow moved rows; no callback into this object.
     """
 
-    def __init__(self, table: Supertable, precondition: Callable[[ManifestList], None] | None = None) -> None:
+    def __init__(self, table: Supertable, requires: Iterable[Requirement] = ()) -> None:
         self._table = table
-        # Checked against the manifest each publish attempt builds on; raising aborts the commit (log fencing).
-        self._precondition = precondition
+        # Checked against the manifest each publish attempt builds on; one that fails aborts the commit.
+        self._requires: list[Requirement] = list(requires)
         self._base, self._base_pointer = table.writable_snapshot()
         self._schema = self._base.schema
         self._options = self._base.manifest.options
         self._buffer = WriteBuffer(self._schema)
         self._flushed: list[SuperfileEntry] = []
-        self._deletions: dict[str, Deletion] = {}
+        self._deletions: dict[str, _Deleting] = {}  # by superfile path: rows staged for deletion there
         self._operations: list[str] = []
         self._properties: dict[str, Any] = {}
         self._keys: dict[str, list[tuple[int, int]]] = {}  # idempotency key -> its append's (first _id, rows)s
@@ -63,7 +69,7 @@ class Transaction:
     def append(self, data: Any, idempotency_key: str | None = None) -> int:
         """Stage rows; returns how many. With ``idempotency_key``, the commit records the key; if an earlier
         commit (or an earlier append of this transaction) already has it, this append stages nothing and
-        returns 0 (see ``table/idempotency.py`` for the retention). Other staged work is unaffected."""
+        returns 0 (see ``commit/idempotency.py`` for the retention). Other staged work is unaffected."""
         self._check_open()
         if self._repeated(idempotency_key):
             return 0
@@ -116,6 +122,19 @@ class Transaction:
         """Record table properties (e.g. source offsets) in the same commit."""
         self._properties.update(properties)
 
+    def require(self, *requirements: Requirement) -> None:
+        """Add requirements (``superfile.commit.requirements``) the manifest each publish attempt builds on must
+        meet; one that fails aborts the commit with ``RequirementFailedError``."""
+        self._check_open()
+        self._requires.extend(requirements)
+
+    def flush(self) -> None:
+        """Build and upload the rows staged so far now (they stay invisible until ``commit``): what is left
+        for the commit is metadata. A caller whose requirements depend on time (a lease's deadline) flushes
+        before it computes them."""
+        self._check_open()
+        self._flush()
+
     # -- commit -------------------------------------------------------------------
     def commit(self) -> int:
         """Publish everything staged as one new version; returns the version. If nothing is left to publish
@@ -166,20 +185,17 @@ class Transaction:
     # -- internals ------------------------------------------------------------------
     def _change(self) -> Change:
         ops = set(self._operations)
+        replaced = np.unique(np.concatenate(self._replaced)) if self._replaced else np.zeros(0, np.uint64)
         return Change(
             table_uuid=self._base.manifest.table_uuid,
             operation=ops.pop() if len(ops) == 1 else "transaction",
-            added=self._flushed,
-            deletions=self._deletions,
-            properties=self._properties,
-            precondition=self._precondition,
-            rebase=self._rebase,
-            derive_properties=self._record_keys if any(k is not None for k in self._op_keys) else None,
+            added=tuple(self._flushed),
+            deletions={p: d.frozen() for p, d in self._deletions.items()},
+            properties=dict(self._properties),
+            requires=tuple(self._requires),
+            record_keys=tuple(k for k in self._op_keys if k is not None),
+            rebase=Rebase(id_bytes(replaced)),  # deletes follow rows a concurrent commit moved
         )
-
-    def _record_keys(self, current: ManifestList) -> dict[str, Any]:
-        """Run by publish against the manifest it builds on: abort if a key is there, else record them."""
-        return record_new(self._table.files.storage, current, [k for k in self._op_keys if k is not None])
 
     def _drop_keyed(self, keys: Mapping[str, int]) -> None:
         """Unstage the appends tagged with ``keys`` (their rows, and replacements of them, are in flushed
@@ -188,29 +204,15 @@ class Transaction:
         kept = [(op, k) for op, k in zip(self._operations, self._op_keys, strict=True) if k is None or k not in keys]
         self._operations, self._op_keys = [op for op, _ in kept], [k for _, k in kept]
         ids = np.unique(np.concatenate([np.arange(a, a + n, dtype=np.uint64) for a, n in spans]))
-        for d in _holding(self._base, self._flushed, ids, {p: d.rows for p, d in self._deletions.items()}):
-            mine = self._deletions.setdefault(d.entry.path, Deletion(d.entry))
-            mine.add(np.fromiter(d.rows, np.int64, len(d.rows)), d.ids_of(d.rows))
+        staged = {p: d.rows for p, d in self._deletions.items()}
+        for d in holding(self._table.files.manifests, self._flushed, ids, staged):
+            self._delete_rows(d.entry, offsets_of(d.rows), d.ids_of(d.rows))
         empty = {
             e.path for e in self._flushed if e.path in self._deletions and len(self._deletions[e.path].rows) == e.rows
         }
         self._flushed = [e for e in self._flushed if e.path not in empty]
         for path in empty:
             del self._deletions[path]
-
-    def _rebase(self, current: ManifestList, current_path: str, lost: np.ndarray) -> list[Deletion]:
-        """Where rows this transaction deletes, no longer live where it staged that, are live in ``current``;
-        for those deleted there by a concurrent commit, the replacements updates staged for them."""
-        ids = np.unique(lost)
-        snap = Snapshot(self._table.files, current_path, current)
-        found = _holding(snap, snap.entries(), ids, {})
-        moved = np.concatenate([d.ids_of(d.rows) for d in found]) if found else np.zeros(0, np.uint64)
-        replaced = np.concatenate(self._replaced) if self._replaced else np.zeros(0, np.uint64)
-        orphans = np.intersect1d(np.setdiff1d(ids, moved), replaced)
-        if not len(orphans):
-            return found
-        skip = {p: d.rows for p, d in self._deletions.items()}
-        return found + _holding(self._base, self._flushed, orphans, skip)
 
     def _repeated(self, key: str | None) -> bool:
         """True when ``key`` was staged here already or committed before the base (then remembered as known)."""
@@ -244,7 +246,7 @@ class Transaction:
         """Build and upload staged rows now (they stay invisible until commit), bounding the buffer."""
         rows = self._buffer.take()
         if rows.num_rows:
-            shards = shard(rows, self._options, build_pool()._max_workers)
+            shards = shard(rows, self._options, build_threads())
             self._flushed.extend(build_shards(shards, self._options, self._table.files.storage))
 
     def _count_staged(self, predicate: Predicate) -> int:
@@ -258,6 +260,10 @@ class Transaction:
         if already is not None and len(already.rows):
             offsets = offsets[~np.isin(offsets, np.fromiter(already.rows, np.int64, len(already.rows)))]
         return offsets
+
+    def _delete_rows(self, entry: SuperfileEntry, offsets: np.ndarray, ids: np.ndarray) -> None:
+        """Stage the deletion of rows of ``entry`` (offsets not staged yet) carrying ``ids``."""
+        self._deletions.setdefault(entry.path, _Deleting(entry)).add(offsets, ids)
 
     def _take_matches(self, predicate: Predicate) -> np.ndarray:
         """Stage deletion of every visible row matching ``predicate``; returns their ``_id``s."""
@@ -275,28 +281,27 @@ class Transaction:
         for entry, offsets in self._base.map(one, candidates):
             if len(offsets):
                 found = self._base.ids(entry, offsets)
-                self._deletions.setdefault(entry.path, Deletion(entry)).add(offsets, found)
+                self._delete_rows(entry, offsets, found)
                 ids.append(found)
         return np.concatenate(ids) if ids else np.zeros(0, np.uint64)
 
 
-def _holding(
-    snap: Snapshot, entries: list[SuperfileEntry], ids: np.ndarray, skip: Mapping[str, pyroaring.AbstractBitMap]
-) -> list[Deletion]:
-    """The rows of ``entries`` that are live (and not in ``skip``) and carry one of ``ids`` (sorted, unique),
-    as deletions. Reads the ``_id`` column of the superfiles whose ``_id`` range holds one of them."""
+class _Deleting:
+    """Rows of one superfile a transaction stages for deletion, as they accumulate (a commit takes them as a
+    :class:`~superfile.commit.change.Deletion` value)."""
 
-    def may_hold(e: SuperfileEntry) -> bool:
-        return bool(np.searchsorted(ids, e.id_max, "right") > np.searchsorted(ids, e.id_min, "left"))
+    def __init__(self, entry: SuperfileEntry) -> None:
+        self.entry = entry
+        self.rows = pyroaring.BitMap()
+        self._offsets: list[np.ndarray] = []
+        self._ids: list[np.ndarray] = []
 
-    def one(e: SuperfileEntry) -> Deletion:
-        offsets = snap.live_offsets(e)
-        if e.path in skip and len(skip[e.path]):
-            offsets = offsets[~np.isin(offsets, np.fromiter(skip[e.path], np.int64, len(skip[e.path])))]
-        found = snap.ids(e, offsets)
-        hit = np.isin(found, ids)
-        d = Deletion(e)
-        d.add(offsets[hit], found[hit])
-        return d
+    def add(self, offsets: np.ndarray, ids: np.ndarray) -> None:
+        self.rows |= bitmap_of(offsets)
+        self._offsets.append(np.asarray(offsets, np.int64))
+        self._ids.append(np.asarray(ids, np.uint64))
 
-    return [d for d in snap.map(one, [e for e in entries if may_hold(e)]) if len(d.rows)]
+    def frozen(self) -> Deletion:
+        if not self._offsets:
+            return Deletion(self.entry)
+        return Deletion.of(self.entry, np.concatenate(self._offsets), np.concatenate(self._ids))

@@ -14,7 +14,8 @@ remembered; a key older than that may commit again. Blocks dropped from the
 reference list are ordinary garbage for ``cleanup()``.
 
 The check runs twice: when the append is staged (a known key stages
-nothing), and in the commit itself, against the manifest each publish attempt
+nothing), and in the commit itself (a change's ``record_keys``: ``publish``
+calls :func:`record_new`), against the manifest each publish attempt
 builds on: of two writers racing with one key, the loser's retry sees the
 winner's key, drops the rows staged under it and publishes the rest of its
 transaction (if anything is left). Keys are per append, not per transaction:
