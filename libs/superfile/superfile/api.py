@@ -236,8 +236,21 @@ class Catalog(Protocol):
 
     uri: str
 
-    def table_names(self) -> list[str]:
-        """Names of every table (a remote caller: every table its API key can see), sorted."""
+    def table_names(self, namespace: str | None = None) -> list[str]:
+        """Names of every table (a remote caller: every table its API key can see), sorted; ``team.docs`` is
+        table ``docs`` of namespace ``team``. With ``namespace``: the tables directly in it."""
+        ...
+
+    def create_namespace(self, name: str, *, exist_ok: bool = False) -> None:
+        """Create a namespace (``team``, or ``team.search`` inside an existing ``team``)."""
+        ...
+
+    def list_namespaces(self, parent: str | None = None) -> list[str]:
+        """Every namespace, or those directly inside ``parent``; full dotted names, sorted."""
+        ...
+
+    def drop_namespace(self, name: str) -> None:
+        """Remove an empty namespace (NamespaceNotEmptyError while it holds tables or namespaces)."""
         ...
 
     def create_table(
@@ -382,8 +395,20 @@ class AsyncCatalog(Protocol):
 
     uri: str
 
-    async def table_names(self) -> list[str]:
+    async def table_names(self, namespace: str | None = None) -> list[str]:
         """As :meth:`Catalog.table_names`."""
+        ...
+
+    async def create_namespace(self, name: str, *, exist_ok: bool = False) -> None:
+        """As :meth:`Catalog.create_namespace`."""
+        ...
+
+    async def list_namespaces(self, parent: str | None = None) -> list[str]:
+        """As :meth:`Catalog.list_namespaces`."""
+        ...
+
+    async def drop_namespace(self, name: str) -> None:
+        """As :meth:`Catalog.drop_namespace`."""
         ...
 
     async def create_table(

@@ -126,9 +126,21 @@ class ThreadedCatalog(AsyncCatalog):
         self.uri = catalog.uri
         self.catalog = catalog  # the synchronous connection, for what only it has (``upgrade_table`` ...)
 
-    async def table_names(self) -> list[str]:
-        """Names of every table, sorted."""
-        return await asyncio.to_thread(self.catalog.table_names)
+    async def table_names(self, namespace: str | None = None) -> list[str]:
+        """Names of every table (or of those directly in ``namespace``), sorted."""
+        return await asyncio.to_thread(self.catalog.table_names, namespace)
+
+    async def create_namespace(self, name: str, *, exist_ok: bool = False) -> None:
+        """Create a namespace (its parent must exist)."""
+        await asyncio.to_thread(self.catalog.create_namespace, name, exist_ok=exist_ok)
+
+    async def list_namespaces(self, parent: str | None = None) -> list[str]:
+        """Every namespace, or those directly inside ``parent``; sorted."""
+        return await asyncio.to_thread(self.catalog.list_namespaces, parent)
+
+    async def drop_namespace(self, name: str) -> None:
+        """Remove an empty namespace."""
+        await asyncio.to_thread(self.catalog.drop_namespace, name)
 
     async def create_table(
         self,

@@ -13,7 +13,16 @@ from superfile.api import AsyncCatalog
 from superfile.options import PartitionSpec
 from superfile.remote.async_client import AsyncGatewayClient
 from superfile.remote.async_table import AsyncRemoteTable
-from superfile.remote.handle import create_table_call, drop_call, open_table_call, sql_call, tables_call
+from superfile.remote.handle import (
+    create_namespace_call,
+    create_table_call,
+    drop_call,
+    drop_namespace_call,
+    namespaces_call,
+    open_table_call,
+    sql_call,
+    tables_call,
+)
 
 __all__ = ["AsyncRemoteConnection"]
 
@@ -44,9 +53,21 @@ class AsyncRemoteConnection(AsyncCatalog):
             max_connections=max_connections,
         )
 
-    async def table_names(self) -> list[str]:
+    async def table_names(self, namespace: str | None = None) -> list[str]:
         """Names of every table the API key can see, sorted."""
-        return await self.client.call(tables_call())
+        return await self.client.call(tables_call(namespace))
+
+    async def create_namespace(self, name: str, *, exist_ok: bool = False) -> None:
+        """Create a namespace (its parent must exist); tables in it are named ``name.table``."""
+        await self.client.call(create_namespace_call(name, exist_ok))
+
+    async def list_namespaces(self, parent: str | None = None) -> list[str]:
+        """Every namespace the API key can see, or those directly inside ``parent``; sorted."""
+        return await self.client.call(namespaces_call(parent))
+
+    async def drop_namespace(self, name: str) -> None:
+        """Remove an empty namespace."""
+        await self.client.call(drop_namespace_call(name))
 
     async def create_table(
         self,

@@ -11,7 +11,16 @@ import pyarrow as pa
 from superfile.api import Catalog
 from superfile.options import PartitionSpec
 from superfile.remote.client import GatewayClient
-from superfile.remote.handle import create_table_call, drop_call, open_table_call, sql_call, tables_call
+from superfile.remote.handle import (
+    create_namespace_call,
+    create_table_call,
+    drop_call,
+    drop_namespace_call,
+    namespaces_call,
+    open_table_call,
+    sql_call,
+    tables_call,
+)
 from superfile.remote.table import RemoteTable
 
 __all__ = ["RemoteConnection"]
@@ -45,9 +54,21 @@ class RemoteConnection(Catalog):
         )
 
     # -- catalog ------------------------------------------------------------------------
-    def table_names(self) -> list[str]:
-        """Names of every table the API key can see, sorted."""
-        return self.client.call(tables_call())
+    def table_names(self, namespace: str | None = None) -> list[str]:
+        """Names of every table the API key can see (or of those directly in ``namespace``), sorted."""
+        return self.client.call(tables_call(namespace))
+
+    def create_namespace(self, name: str, *, exist_ok: bool = False) -> None:
+        """Create a namespace (its parent must exist); tables in it are named ``name.table``."""
+        self.client.call(create_namespace_call(name, exist_ok))
+
+    def list_namespaces(self, parent: str | None = None) -> list[str]:
+        """Every namespace the API key can see, or those directly inside ``parent``; sorted."""
+        return self.client.call(namespaces_call(parent))
+
+    def drop_namespace(self, name: str) -> None:
+        """Remove an empty namespace."""
+        self.client.call(drop_namespace_call(name))
 
     def create_table(
         self,

@@ -33,8 +33,11 @@ from superfile.validate import check_key, check_name, check_version, create_sche
 
 __all__ = [
     "RemoteHandle",
+    "create_namespace_call",
     "create_table_call",
     "drop_call",
+    "drop_namespace_call",
+    "namespaces_call",
     "open_call",
     "open_table_call",
     "sql_call",
@@ -49,9 +52,26 @@ def _same(value: Any) -> Any:
 
 
 # -- the catalog ---------------------------------------------------------------------------------------------
-def tables_call() -> Call[list[str]]:
-    """``table_names``: every table the API key can see."""
-    return Call("GET", "/tables", then=lambda body: list(body["tables"]))
+def tables_call(namespace: str | None = None) -> Call[list[str]]:
+    """``table_names``: every table the API key can see (or those directly in ``namespace``)."""
+    params = {"namespace": check_name(namespace, "namespace")} if namespace is not None else None
+    return Call("GET", "/tables", params=params, then=lambda body: list(body["tables"]))
+
+
+def create_namespace_call(name: str, exist_ok: bool) -> Call[Any]:
+    """``create_namespace`` (never repeated: a repeat after a lost answer would meet the namespace)."""
+    return Call("POST", "/namespaces", payload={"name": check_name(name, "namespace"), "exist_ok": exist_ok})
+
+
+def namespaces_call(parent: str | None) -> Call[list[str]]:
+    """``list_namespaces``: every namespace the API key can see (or those directly inside ``parent``)."""
+    params = {"parent": check_name(parent, "namespace")} if parent is not None else None
+    return Call("GET", "/namespaces", params=params, then=lambda body: list(body["namespaces"]))
+
+
+def drop_namespace_call(name: str) -> Call[Any]:
+    """``drop_namespace`` (never repeated, as ``drop_table``)."""
+    return Call("DELETE", f"/namespaces/{check_name(name, 'namespace')}")
 
 
 def create_table_call(
