@@ -13,7 +13,6 @@ import datetime
 import hashlib
 import hmac
 import json
-import math
 import re
 import threading
 import time
@@ -32,7 +31,6 @@ from superfile.connection import Connection
 from superfile.errors import (
     InvalidInputError,
     InvalidOptionError,
-    InvalidVectorError,
     QueryLimitError,
     SuperfileError,
     TableExistsError,
@@ -49,9 +47,7 @@ from superfile.remote.wire import (
     table_to_json,
     to_ipc,
 )
-from superfile.schema import ID, SCORE
 from superfile.search.request import ExactMatch, SearchRequest, TokenMatch
-from superfile.sql import SqlLimits
 from superfile.table import Supertable
 from superfile.table.cleanup import DEFAULT_RETENTION
 from superfile.telemetry import meter, seconds_histogram
@@ -64,11 +60,10 @@ from superfile_gateway.instruments import observe_caches, observe_maintenance
 from superfile_gateway.models import (
     CleanupRequest,
     CreateTableRequest,
-    HybridRequest,
     ScanRequest,
 )
 from superfile_gateway.settings import Settings
-from superfile_gateway.sql_workers import SqlWorkers, run_visible
+from superfile_gateway.sql_workers import SqlWorkers
 from superfile_gateway.writes import EmbeddedWrites, LogWrites, WritePath, WriteResult, wait_visible
 
 __all__ = ["LATEST", "At", "Gateway", "encode", "parse_as_of"]
@@ -389,22 +384,6 @@ class Gateway:
         self.forget(name)
         self.db.drop_table(name)
 
-    def hybrid(self, principal: Principal, table: Supertable, req: HybridRequest) -> pa.Table:
-        """Runs the ``hybrid_search`` SQL table function on one pinned snapshot; columns as the other searches."""
-        if not all(math.isfinite(x) for x in req.vector):
-            raise InvalidVectorError(f"query vector for {req.vector_column!r} has NaN or infinite values")
-        cols = None if req.projection is None else [c for c in req.projection if c not in (ID, SCORE)]
-        select = "*" if cols is None else ", ".join([ID, SCORE, *(_ident(c) for c in cols)])
-        vector = "[" + ", ".join(repr(float(x)) for x in req.vector) + "]"
-        query = (
-            f"SELECT {select} FROM hybrid_search({_literal(table.name)}, {_literal(req.text_column)}, "
-            f"{_literal(req.query)}, {_literal(req.vector_column)}, {vector}, {int(req.k)}) "
-            f"ORDER BY {SCORE} DESC, {ID}"
-        )
-        out = run_visible(self.db, principal, query, SqlLimits())
-        rest = [c for c in out.column_names if c not in (ID, SCORE)]
-        return out.select([ID, SCORE, *rest])
-
     def scan(self, table: Supertable, req: ScanRequest) -> pa.Table:
         """``to_arrow``, refused before reading when more rows match than ``max_result_rows``."""
         cap = self.settings.max_result_rows
@@ -466,14 +445,6 @@ class Gateway:
         self.sql.close()
         self.writes.close()
         self._readiness.shutdown(wait=False, cancel_futures=True)
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def encode(request: Request, table: pa.Table) -> Response:

@@ -20,7 +20,6 @@ __all__ = [
     "CountRequest",
     "CreateTableRequest",
     "DeleteRequest",
-    "HybridRequest",
     "OptimizeRequest",
     "PartitionModel",
     "RestoreRequest",
@@ -67,17 +66,6 @@ class CreateTableRequest(_Body):
     consistency: str = "strong"
     exist_ok: bool = False
     options: dict[str, Any] = Field(default_factory=dict, description="further TableOptions fields")
-
-
-class HybridRequest(_Body):
-    """BM25 and vector kNN fused by reciprocal rank (the ``hybrid_search`` SQL table function)."""
-
-    text_column: str
-    query: str
-    vector_column: str
-    vector: list[float]
-    k: int = 10
-    projection: list[str] | None = None
 
 
 class ScanRequest(_Body):

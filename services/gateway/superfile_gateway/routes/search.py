@@ -14,8 +14,7 @@ from pydantic import BaseModel
 from superfile.search.request import KINDS, SearchRequest
 
 from superfile_gateway.deps import GW, Auth, ReadAt, WaitFor
-from superfile_gateway.gateway import LATEST
-from superfile_gateway.models import SEARCH_BODIES, HybridRequest
+from superfile_gateway.models import SEARCH_BODIES
 
 __all__ = ["router"]
 
@@ -33,12 +32,6 @@ def _route(cls: type[SearchRequest], body_model: type[BaseModel]) -> Callable[..
 
 
 for _kind, _cls in KINDS.items():
-    if _kind != "hybrid":
-        router.add_api_route(
-            f"/tables/{{name}}/search/{_kind}", _route(_cls, SEARCH_BODIES[_kind]), methods=["POST"], name=_kind
-        )
-
-
-@router.post("/tables/{name}/search/hybrid")
-def hybrid(gw: GW, name: str, req: HybridRequest, request: Request, p: Auth, wait_for: WaitFor = None) -> Response:
-    return gw.query(request, p, name, "hybrid", LATEST, wait_for, lambda t: gw.hybrid(p, t, req))
+    router.add_api_route(
+        f"/tables/{{name}}/search/{_kind}", _route(_cls, SEARCH_BODIES[_kind]), methods=["POST"], name=_kind
+    )
