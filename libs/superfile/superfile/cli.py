@@ -10,6 +10,7 @@ import re
 import secrets
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,6 @@ import pyarrow.parquet as pq
 
 import superfile
 from superfile.errors import SuperfileError
-from superfile.io.cache import DEFAULT_BUDGET_BYTES
 from superfile.remote.wire import json_default
 
 __all__ = ["main"]
@@ -26,6 +26,14 @@ __all__ = ["main"]
 _SAMPLE = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield" / "docs.parquet"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_COMMANDS = "superfile.commands"  # the entry point group of subcommands other packages add
+_PACKAGES = {  # subcommands the project's own packages add: their help, and what to install when one is missing
+    "serve": (
+        "serve the tables over HTTP (REST gateway, embedded mode)",
+        "the gateway package",
+        "pip install 'superfile[service]' ./services/gateway",
+    ),
+}
 
 
 def _connect(uri: str) -> Any:
@@ -157,7 +165,9 @@ def _serve_demo(args: argparse.Namespace) -> None:
         f"OpenAPI: {url}/docs",
         flush=True,
     )
-    _serve(args.uri, f"{key}:*:rw", port=args.port)
+    serve = _parser().parse_args(["serve", args.uri, "--port", str(args.port)])
+    serve.api_keys = f"{key}:*:rw"  # the serve command takes this run's key instead of SUPERFILE_API_KEYS
+    serve.fn(serve)
 
 
 def cmd_create(args: argparse.Namespace) -> None:
@@ -258,59 +268,37 @@ def cmd_changes(args: argparse.Namespace) -> None:
         _print_json(row)
 
 
-def _serve(
-    uri: str,
-    api_keys: str,
-    *,
-    auth: bool = True,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    max_body_bytes: int = 64 << 20,
-    cache_dir: str | None = None,
-    cache_budget_bytes: int = DEFAULT_BUDGET_BYTES,
-) -> None:
-    """Run the REST gateway in embedded mode over ``uri`` until interrupted (``api_keys`` as in SUPERFILE_API_KEYS)."""
-    try:
-        from superfile_gateway import ConfigError, Settings, parse_api_keys
-        from superfile_gateway.__main__ import serve
-    except ImportError as e:
-        print(
-            f"error: superfile serve needs the gateway package ({e}); install it with "
-            "pip install 'superfile[service]' ./services/gateway",
-            file=sys.stderr,
-        )
-        raise SystemExit(2) from None
-    try:
-        settings = Settings(
-            storage=uri,
-            api_keys=parse_api_keys(api_keys),
-            auth=auth,
-            host=host,
-            port=port,
-            max_body_bytes=max_body_bytes,
-            cache_dir=cache_dir,
-            cache_budget_bytes=cache_budget_bytes,
-        )
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    if not settings.auth:
-        print("warning: authentication is off (--no-auth): any caller may read and write any table", file=sys.stderr)
-    serve(settings)
+def _add_installed_commands(sub: Any, builtin: set[str]) -> None:
+    """The subcommands installed packages add: each entry point of the ``superfile.commands`` group names a
+    ``register(subparsers)`` that adds one subcommand (setting ``fn``, as the commands here do). ``serve``
+    comes with the gateway (``superfile_gateway.cli``): the library never imports a service itself."""
+    added: set[str] = set()
+    for ep in entry_points(group=_COMMANDS):
+        if ep.name in builtin or ep.name in added:
+            continue
+        try:
+            register = ep.load()
+        except ImportError as e:  # installed, but something it needs is not
+            _not_installed(sub, ep.name, str(e))
+        else:
+            register(sub)
+        added.add(ep.name)
+    for name in sorted(set(_PACKAGES) - added):
+        _not_installed(sub, name, "not installed")
 
 
-def cmd_serve(args: argparse.Namespace) -> None:
-    """The REST gateway in embedded mode over ``args.uri`` (keys from SUPERFILE_API_KEYS)."""
-    _serve(
-        args.uri,
-        os.environ.get("SUPERFILE_API_KEYS", ""),
-        auth=not args.no_auth,
-        host=args.host,
-        port=args.port,
-        max_body_bytes=args.max_body_bytes,
-        cache_dir=args.cache_dir,
-        cache_budget_bytes=args.cache_budget_bytes,
-    )
+def _not_installed(sub: Any, name: str, reason: str) -> None:
+    """A subcommand whose package is missing: it takes any arguments and says what to install (exit code 2)."""
+    help_, package, install = _PACKAGES.get(name, (f"the {name} command", "its package", "pip"))
+    message = f"error: superfile {name} needs {package} ({reason}); install it with {install}"
+
+    def fn(args: argparse.Namespace) -> None:
+        print(message, file=sys.stderr)
+        raise SystemExit(2)
+
+    sp = sub.add_parser(name, help=f"{help_}; needs {package}")
+    sp.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    sp.set_defaults(fn=fn)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -391,17 +379,7 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("--columns", type=_columns, help="comma-separated columns besides _change and _id")
     up = add("upgrade", cmd_upgrade, "convert tables of an older format, one commit each (prints JSON)", table=False)
     up.add_argument("table", nargs="?", help="the table (default: every table)")
-    sv = add("serve", cmd_serve, "serve the tables over HTTP (REST gateway, embedded mode)", table=False)
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--max-body-bytes", type=int, default=64 << 20, help="larger request bodies get 413")
-    sv.add_argument("--cache-dir", help="disk cache of superfiles read from s3:// (default: under TMPDIR)")
-    sv.add_argument("--cache-budget-bytes", type=int, default=DEFAULT_BUDGET_BYTES, help="its size on disk (0: none)")
-    sv.add_argument(
-        "--no-auth",
-        action="store_true",
-        help="serve without API keys (otherwise SUPERFILE_API_KEYS=key:table-glob:scopes,... is required)",
-    )
+    _add_installed_commands(sub, set(sub.choices))
     return p
 
 
