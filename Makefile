@@ -61,7 +61,7 @@ lint: install-test
 	$(BIN)/vulture $(VULTURE_FLAGS) $(PACKAGES)
 
 typecheck: install-test
-	$(BIN)/mypy $(PACKAGES)
+	$(BIN)/mypy $(PACKAGES) tests/e2e/test_api.py tests/e2e/test_api_async.py  # the shared API suites, typed against superfile.api
 
 pytest: install-test
 	$(BIN)/python -m pytest -q

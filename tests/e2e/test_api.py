@@ -28,6 +28,9 @@ from superfile.errors import (
     InvalidPredicateError,
     InvalidTableNameError,
     InvalidVectorError,
+    NamespaceExistsError,
+    NamespaceNotEmptyError,
+    NamespaceNotFoundError,
     QueryLimitError,
     ReadOnlyTableError,
     SchemaMismatchError,
@@ -42,8 +45,9 @@ from superfile_gateway import BackgroundServer, Settings, parse_api_keys
 from superfile_suite import Server
 
 DIM = 4
-SIMPLE = pa.schema([pa.field("key", pa.int64()), pa.field("title", pa.string())])
-SCHEMA = pa.schema([*SIMPLE, pa.field("tag", pa.string()), pa.field("emb", pa.list_(pa.float32()))])
+_FIELDS: list[pa.Field] = [pa.field("key", pa.int64()), pa.field("title", pa.string())]
+SIMPLE = pa.schema(_FIELDS)
+SCHEMA = SIMPLE.append(pa.field("tag", pa.string())).append(pa.field("emb", pa.list_(pa.float32())))
 TITLES = [
     "supersonic boundary layer",
     "boundary layer transition",
@@ -137,6 +141,37 @@ def test_catalog(db: Catalog) -> None:
         db.open_table(name)
     with pytest.raises(TableNotFoundError):
         db.drop_table(name)
+
+
+def test_namespaces(db: Catalog) -> None:
+    team = f"ns_{uuid.uuid4().hex[:8]}"
+    with pytest.raises(NamespaceNotFoundError):
+        db.create_table(f"{team}.docs", SIMPLE)  # the namespace must exist first
+    db.create_namespace(team)
+    db.create_namespace(f"{team}.search")
+    with pytest.raises(NamespaceExistsError):
+        db.create_namespace(team)
+    db.create_namespace(team, exist_ok=True)
+    with pytest.raises(NamespaceNotFoundError):
+        db.create_namespace(f"missing_{uuid.uuid4().hex[:6]}.child")
+    with pytest.raises(InvalidTableNameError):
+        db.create_namespace(f"{team}..x")
+    t = db.create_table(f"{team}.docs", SIMPLE, fts_columns=["title"])
+    t.append([{"key": 1, "title": "supersonic boundary layer"}])
+    assert {team, f"{team}.search"} <= set(db.list_namespaces())
+    assert db.list_namespaces(team) == [f"{team}.search"]
+    assert db.table_names(team) == [f"{team}.docs"]
+    assert f"{team}.docs" in db.table_names()
+    assert db.open_table(f"{team}.docs").bm25_search("title", "boundary", k=5).column("key").to_pylist() == [1]
+    assert db.sql(f'SELECT count(*) AS n FROM "{team}.docs"').column("n").to_pylist() == [1]
+    with pytest.raises(NamespaceNotEmptyError):
+        db.drop_namespace(team)
+    db.drop_table(f"{team}.docs")
+    db.drop_namespace(f"{team}.search")
+    db.drop_namespace(team)
+    assert team not in db.list_namespaces()
+    with pytest.raises(NamespaceNotFoundError):
+        db.table_names(team)
 
 
 def test_create_from_data(db: Catalog) -> None:

@@ -1,5 +1,6 @@
 """The gateway's REST routes, one router per resource (``create_app`` includes them in this order):
 
+- ``namespaces.py``: list, create, drop namespaces;
 - ``tables.py``: the catalog and a table's metadata (list, create, describe, drop, version, stats, properties,
   idempotency, versions);
 - ``writes.py``: append, update, delete, restore;
@@ -14,9 +15,17 @@
 snapshot from ``superfile_gateway.deps``.
 """
 
-from superfile_gateway.routes import maintenance, reads, search, sql, tables, writes
+from superfile_gateway.routes import maintenance, namespaces, reads, search, sql, tables, writes
 
 __all__ = ["RESOURCES"]
 
-RESOURCES = (tables.router, writes.router, search.router, reads.router, maintenance.router, sql.router)
+RESOURCES = (
+    namespaces.router,
+    tables.router,
+    writes.router,
+    search.router,
+    reads.router,
+    maintenance.router,
+    sql.router,
+)
 """The routers of the API's resources, in the order ``create_app`` includes them."""

@@ -17,8 +17,9 @@ router = APIRouter(tags=["tables"])
 
 
 @router.get("/tables")
-def list_tables(gw: GW, p: Auth) -> dict[str, list[str]]:
-    return {"tables": [n for n in gw.db.table_names() if p.visible(n)]}
+def list_tables(gw: GW, p: Auth, namespace: str | None = None) -> dict[str, list[str]]:
+    """Every table the key can see, or those directly in ``namespace``."""
+    return {"tables": [n for n in gw.db.table_names(namespace) if p.visible(n)]}
 
 
 @router.post("/tables", status_code=201)
