@@ -8,7 +8,7 @@ import httpx
 import pyarrow as pa
 import superfile
 
-KEYS = "admin-key:*:rw,reader-key:*:r,docs-writer:docs*:rw"
+KEYS = "admin-key:*:rw,reader-key:*:r,docs-writer:docs*:rw,team-key:team*:rw"
 MAX_BODY = 256 * 1024
 SCHEMA = pa.schema([("key", pa.int64()), ("title", pa.string()), ("emb", pa.list_(pa.float32(), 4))])
 

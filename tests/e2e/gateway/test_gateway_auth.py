@@ -80,6 +80,26 @@ def test_key_scoped_to_other_tables(http: httpx.Client, engine: superfile.Connec
     assert written.status_code == 200 and written.json()["version"] == state(engine, "docs")[0]
 
 
+def test_keys_scope_namespaces(server: BackgroundServer, engine: superfile.Connection, tables: list[str]) -> None:
+    """A key whose grants are team* manages namespace team and its tables, and sees nothing else."""
+    with superfile.connect(server.url, api_key="admin-key") as admin:
+        admin.create_namespace("elsewhere", exist_ok=True)
+    with superfile.connect(server.url, api_key="team-key") as db:
+        db.create_namespace("team", exist_ok=True)
+        t = db.create_table("team.docs", data=[{"key": k} for k in range(3)], exist_ok=True)
+        assert t.count_rows() == 3
+        assert db.list_namespaces() == ["team"] and db.table_names() == ["team.docs"]
+        for refused in (
+            lambda: db.create_namespace("other"),
+            lambda: db.drop_namespace("elsewhere"),
+            lambda: db.create_table("elsewhere.docs", data=[{"key": 1}]),
+            lambda: db.open_table("docs").append(rows(range(1))),
+        ):
+            with pytest.raises(PermissionDeniedError):
+                refused()
+    assert "other" not in engine.list_namespaces() and "elsewhere.docs" not in engine.table_names()
+
+
 def test_sdk_raises_typed_errors(server: BackgroundServer, engine: superfile.Connection, tables: list[str]) -> None:
     before = state(engine, "docs")
     with superfile.connect(server.url, api_key="nope") as db, pytest.raises(AuthenticationError):
