@@ -22,6 +22,9 @@ _.onQueryProgress
 _.onQueryIdle
 _.onQueryTerminated
 
+# Called by Python itself.
+_.__getattr__  # a module's __getattr__ (PEP 562): superfile_gateway imports its names on first use (__init__.py)
+
 # Attributes a library reads.
 _.model_config  # pydantic: the strict, extra="forbid" request models (superfile_gateway/models.py)
 _.should_exit  # uvicorn.Server polls it to stop (superfile_gateway/server.py)
