@@ -257,6 +257,9 @@ def test_hybrid_search(db: Catalog, table: Table) -> None:
     assert sorted(zip(sql.column("key").to_pylist(), sql.column("score").to_pylist(), strict=True)) == sorted(
         zip(_keys(fused), scores, strict=True)
     )
+    v = table.version  # a pinned version answers hybrid search too, as it was
+    table.append(_rows(range(12, 24)))
+    assert table.checkout(v).hybrid_search("title", "flutter", "emb", q, k=4, projection=["key"]).equals(fused)
 
 
 def test_sql(db: Catalog, table: Table) -> None:

@@ -28,7 +28,7 @@ from superfile.options import PartitionSpec, TableOptions
 from superfile.remote.client import Call
 from superfile.remote.wire import ARROW_STREAM, schema_from_b64, schema_to_b64, to_ipc
 from superfile.schema import to_arrow_table, user_schema
-from superfile.search.request import HybridSearch, SearchRequest
+from superfile.search.request import SearchRequest
 from superfile.validate import check_key, check_name, check_version, create_schema, table_options, to_ms
 
 __all__ = [
@@ -267,8 +267,6 @@ class RemoteHandle:
 
     def _search_call(self, request: SearchRequest) -> Call[pa.Table]:
         """``POST /tables/{name}/search/{kind}`` with the request's JSON."""
-        if isinstance(request, HybridSearch) and self._pinned is not None:
-            raise ReadOnlyTableError("hybrid_search runs on the latest version; use sql() on a pinned version")
         body = request.to_json()
         del body["kind"]
         return self._read("POST", f"/search/{request.kind}", payload=body, arrow=True)
