@@ -16,7 +16,6 @@ import pyarrow.parquet as pq
 import pytest
 import superfile
 import superfile.commit.build as build
-import superfile.format.reader as reader_module
 from superfile.errors import CorruptSuperfileError
 from superfile.format import SuperfileReader, SuperfileSpec, build_superfile
 from superfile.format.pages import PAGES_SECTION
@@ -65,12 +64,6 @@ def _rows(n: int) -> pa.Table:
             "pair": pa.array([{"a": int(k), "b": f"s{k}"} for k in i]),  # two leaves: whole row groups
         }
     )
-
-
-@pytest.fixture(autouse=True)
-def pages_for_small_files(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These files are small: let pages be read whatever the bytes they save (the default wants 64 KiB)."""
-    monkeypatch.setattr(reader_module, "_PAGE_MIN_SAVING", 0)
 
 
 def same(a: pa.Table, b: pa.Table) -> bool:
@@ -160,7 +153,7 @@ def test_fewer_bytes_for_a_scattered_fetch(files: dict[str, bytes], table: pa.Ta
     """0.1% of the rows, spread over every row group: the byte ranges the reader asks for (what a remote
     read fetches) are a fraction of those of the row groups holding the rows."""
     offsets = np.arange(5, N, 1000)  # 0.1%, in every row group
-    columns = ["text", "big", "blob"]  # wide values: ~4 of ~60 pages of each row group
+    columns = ["n", "text", "ts", "price", "tags"]
 
     def asked(kind: str, pages: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[int, pa.Table]:
         sizes: list[int] = []
@@ -177,16 +170,6 @@ def test_fewer_bytes_for_a_scattered_fetch(files: dict[str, bytes], table: pa.Ta
     assert same(a, b) and same(a, c)
     assert by_pages * 2.5 < by_groups, (by_pages, by_groups)
     assert by_pages * 2.5 < old, (by_pages, old)
-
-
-def test_small_savings_read_row_groups(files: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reader_module, "_PAGE_MIN_SAVING", 1 << 30)
-    sizes: list[int] = []
-    reader = SuperfileReader.open(files["pages"], name="p", verify=False, ensure=lambda o, n: sizes.append(n))
-    reader.read(["text"], rows=np.array([5]))  # also reads the page table
-    sizes.clear()
-    reader.read(["text"], rows=np.array([5]))
-    assert len(sizes) == 1  # the one column chunk, not a page (and its dictionary)
 
 
 def test_old_readers_and_other_engines_read_the_new_files(

@@ -40,10 +40,8 @@ DEFAULT_CACHE_DIR = os.path.join(tempfile.gettempdir(), "superfile-cache")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 PAGE_READS_ENV = "SUPERFILE_PAGE_READS"  # "0": read whole row groups even where a page table allows pages
 # read a column by pages when the pages (and the dictionary pages they need) are at most this share of the
-# bytes of the column chunks holding them: above it, whole chunks (all columns in one call, on Arrow's threads
-# when the caller allows) were as fast in bench/point_read_bench.py
-_PAGE_SHARE = 0.25
-_PAGE_MIN_SAVING = 64 << 10  # ... and save at least this many bytes (a read by pages has a fixed cost)
+# bytes of the column chunks holding them: above it, whole chunks decode about as fast and in one call
+_PAGE_SHARE = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +165,7 @@ class SuperfileReader:
         """Parquet columns (default: all), optionally only the given row offsets in the given order.
 
         Given offsets, a column is decoded from only the pages holding them when the superfile has a page
-        table and those pages are at most a quarter of the bytes of the row groups holding them (``docs/format.md``,
+        table and those pages are at most half the bytes of the row groups holding them (``docs/format.md``,
         point reads); otherwise from the row groups holding a requested row. ``use_threads=False`` decodes
         on the calling thread only: faster when the caller already reads several superfiles in parallel.
         """
@@ -218,7 +216,7 @@ class SuperfileReader:
             if not pager.supports(c, leaves):
                 continue
             page, picked, cost, whole = pager.plan(leaves[0], offsets)
-            if cost > whole * _PAGE_SHARE or whole - cost < _PAGE_MIN_SAVING:
+            if cost > whole * _PAGE_SHARE:
                 continue
             if self._ensure is not None:
                 for at, length in pager.ranges(leaves[0], picked):
