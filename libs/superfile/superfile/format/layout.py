@@ -105,12 +105,7 @@ class SuperfileSpec:
     scalar_indexes: Mapping[str, str] = field(default_factory=dict)  # column -> "bitmap" | "sorted"
     compression: str = "zstd"
     row_group_size: int = 8192  # at most this many rows per row group ...
-    row_group_bytes: int = 4 << 20  # ... and about this much Arrow data
-    # pages of about this many bytes (encoded, before compression): what a point read decodes per column
-    # and row (docs/format.md, "Point reads": smaller pages make zstd scans slower)
-    page_bytes: int = 256 << 10
-    dictionary_page_bytes: int = 128 << 10  # a column whose dictionary outgrows this goes on in plain pages
-    page_index: bool = True  # the Parquet page index and the page table; off: readers decode whole row groups
+    row_group_bytes: int = 4 << 20  # ... and about this much Arrow data (reading one row decodes its group)
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import re
 import tempfile
@@ -29,21 +28,13 @@ from superfile.format.layout import (
     parse_directory,
     vec_section,
 )
-from superfile.format.pages import PAGES_SECTION, PageReader, PageTable
 from superfile.format.scalar_index import ScalarIndex
-from superfile.format.thrift import ThriftError
 from superfile.format.vector_index import VectorIndex
 
 __all__ = ["DEFAULT_CACHE_DIR", "SuperfileReader"]
 
 DEFAULT_CACHE_DIR = os.path.join(tempfile.gettempdir(), "superfile-cache")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-PAGE_READS_ENV = "SUPERFILE_PAGE_READS"  # "0": read whole row groups even where a page table allows pages
-# read a column by pages when the pages (and the dictionary pages they need) are at most this share of the
-# bytes of the column chunks holding them: above it, whole chunks decode about as fast and in one call
-_PAGE_SHARE = 0.5
-
-log = logging.getLogger(__name__)
 
 
 class SuperfileReader:
@@ -67,8 +58,7 @@ class SuperfileReader:
         self.sections = sections
         self.num_rows: int = metadata.num_rows
         self.footer_crc32 = sections["footer"].crc32
-        self._arrow_schema = metadata.schema.to_arrow_schema()
-        self.columns: list[str] = list(self._arrow_schema.names)
+        self.columns: list[str] = list(metadata.schema.to_arrow_schema().names)
         self._cache_dir = cache_dir
         self._leaves: dict[str, list[int]] = {}  # top-level column -> its Parquet leaf columns
         for i in range(metadata.num_columns):
@@ -85,8 +75,6 @@ class SuperfileReader:
         self._fulltext: dict[str, FullTextIndex] = {}
         self._vector: dict[str, VectorIndex] = {}
         self._scalar: dict[str, ScalarIndex] = {}
-        self._pager: PageReader | None = None
-        self._pager_loaded = False
 
     @classmethod
     def open(
@@ -164,18 +152,16 @@ class SuperfileReader:
     ) -> pa.Table:
         """Parquet columns (default: all), optionally only the given row offsets in the given order.
 
-        Given offsets, a column is decoded from only the pages holding them when the superfile has a page
-        table and those pages are at most half the bytes of the row groups holding them (``docs/format.md``,
-        point reads); otherwise from the row groups holding a requested row. ``use_threads=False`` decodes
-        on the calling thread only: faster when the caller already reads several superfiles in parallel.
+        Only row groups holding a requested row are decoded. ``use_threads=False`` decodes on the
+        calling thread only: faster when the caller already reads several superfiles in parallel.
         """
         cols = list(self.columns if columns is None else columns)
         for c in cols:
             if c not in self.columns:
                 raise UnknownColumnError(f"{self.name}: no Parquet column {c!r}")
         pf = self._parquet()
+        indices = [i for c in cols for i in self._leaves[c]]
         if rows is None:
-            indices = [i for c in cols for i in self._leaves[c]]
             self._ensure_chunks(range(self._pq_meta.num_row_groups), indices)
             return pf.read_all(column_indices=indices, use_threads=use_threads)
         offsets = np.asarray(rows)
@@ -183,76 +169,17 @@ class SuperfileReader:
             raise TypeError(f"rows must be a 1-d array of integer row offsets, got {offsets.dtype}{offsets.shape}")
         offsets = offsets.astype(np.int64, copy=False)
         if offsets.size == 0:
-            return self._arrow_schema.empty_table().select(cols)
+            return self._pq_meta.schema.to_arrow_schema().empty_table().select(cols)
         if offsets.min() < 0 or offsets.max() >= self.num_rows:
             raise IndexError(f"{self.name}: row offsets must be in [0, {self.num_rows})")
-        by_pages = self._read_pages(cols, offsets)
-        rest = [c for c in cols if c not in by_pages]
-        table: pa.Table | None = None
-        if rest:
-            group = np.searchsorted(self._rg_starts, offsets, side="right") - 1
-            needed = np.unique(group)
-            sizes = np.diff(self._rg_starts)[needed]
-            base = np.zeros(len(self._rg_starts) - 1, np.int64)
-            base[needed] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-            indices = [i for c in rest for i in self._leaves[c]]
-            self._ensure_chunks(needed.tolist(), indices)
-            table = pf.read_row_groups(needed.tolist(), column_indices=indices, use_threads=use_threads)
-            table = table.take(pa.array(base[group] + offsets - self._rg_starts[group]))
-            if not by_pages:
-                return table
-        arrays = [by_pages[c] if c in by_pages else table.column(c) for c in cols]  # type: ignore[union-attr]
-        schema = pa.schema([self._arrow_schema.field(c) for c in cols])
-        return pa.Table.from_arrays(arrays, schema=schema).replace_schema_metadata(self._arrow_schema.metadata)
-
-    def _read_pages(self, cols: list[str], offsets: np.ndarray) -> dict[str, pa.Array]:
-        """The columns of ``cols`` worth reading by pages at ``offsets``, read so."""
-        pager = self._page_reader() if os.environ.get(PAGE_READS_ENV, "1") != "0" else None
-        out: dict[str, pa.Array] = {}
-        if pager is None:
-            return out
-        for c in cols:
-            leaves = self._leaves[c]
-            if not pager.supports(c, leaves):
-                continue
-            page, picked, cost, whole = pager.plan(leaves[0], offsets)
-            if cost > whole * _PAGE_SHARE:
-                continue
-            if self._ensure is not None:
-                for at, length in pager.ranges(leaves[0], picked):
-                    self._ensure(at, length)
-            try:
-                out[c] = pager.read(c, leaves[0], offsets, page, picked)
-            except (pa.ArrowException, ValueError, OSError) as e:  # the row groups still read it
-                log.warning("%s: reading column %r by pages failed (%s); reading its row groups", self.name, c, e)
-        return out
-
-    def _page_reader(self) -> PageReader | None:
-        """The page reader over the ``pages`` section, made on first use; None without one (older files)."""
-        if self._pager_loaded:
-            return self._pager
-        with self._lock:
-            if not self._pager_loaded:
-                if PAGES_SECTION in self.sections:
-                    footer = self.sections["footer"]
-                    view = memoryview(self._buf)
-                    try:
-                        table = PageTable.parse(
-                            self.blob(PAGES_SECTION), self._pq_meta.num_row_groups, self._pq_meta.num_columns
-                        )
-                        self._pager = PageReader(
-                            view,
-                            table,
-                            view[footer.offset : footer.offset + footer.length - 8],
-                            self._arrow_schema,
-                            self._rg_starts,
-                            self._pq_meta.created_by,
-                            decode_pool(),
-                        )
-                    except (ValueError, ThriftError, KeyError, IndexError) as e:
-                        raise CorruptSuperfileError(self.name, f"page table: {e}") from None
-                self._pager_loaded = True
-        return self._pager
+        group = np.searchsorted(self._rg_starts, offsets, side="right") - 1
+        needed = np.unique(group)
+        sizes = np.diff(self._rg_starts)[needed]
+        base = np.zeros(len(self._rg_starts) - 1, np.int64)
+        base[needed] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        self._ensure_chunks(needed.tolist(), indices)
+        table = pf.read_row_groups(needed.tolist(), column_indices=indices, use_threads=use_threads)
+        return table.take(pa.array(base[group] + offsets - self._rg_starts[group]))
 
     def _ensure_chunks(self, row_groups: Iterable[int], columns: list[int]) -> None:
         """Make the column chunks that a read of these row groups and leaf columns decodes present."""

@@ -1,11 +1,10 @@
-"""Building a superfile: Parquet data (and its page index), then the index blobs, then the footer.
+"""Building a superfile in one pass: Parquet data, then the index blobs, then the footer.
 
-pyarrow's ``ParquetWriter`` writes the page index and the footer on ``close()``, after anything appended
-to its sink. So the Parquet file is written whole first; its footer is decoded (Thrift compact,
-:mod:`superfile.format.thrift`), the page table is built from its offset index, the blobs follow the
-page index, and the footer is written again after them with the section directory added to its key/value
-metadata. Every offset in the footer points before the blobs, so none changes. The footer's own checksum
-is patched in afterwards over a fixed-width placeholder. ``docs/format.md`` has the layout.
+pyarrow's ``ParquetWriter`` writes column chunks to the sink as row groups
+close and the footer only on ``close()``. In between we append the blobs to
+the same sink and add the section directory as key/value metadata, so every
+offset and checksum is known before the footer is written. The footer's own
+checksum is patched in afterwards over a fixed-width placeholder.
 """
 
 from __future__ import annotations
@@ -48,17 +47,13 @@ from superfile.format.layout import (
     fts_section,
     vec_section,
 )
-from superfile.format.pages import PAGES_SECTION, build_page_table
 from superfile.format.scalar_index import KINDS, prepare_scalar_index
-from superfile.format.thrift import BINARY, LIST, STRUCT, decode_struct, encode_struct
 from superfile.format.vector_index import build_vector_index
 
 __all__ = ["ID_COLUMN", "build_superfile"]
 
 ID_COLUMN = "_id"
 _MIN_GROUP_ROWS = 1024  # below this, footers grow (statistics per group and column) for no read benefit
-# a blob and its directory entry: bytes, or a function of its absolute file offset (scalar indexes align to it)
-Blob = tuple[dict[str, object], bytes | Callable[[int], bytes]]
 
 
 def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None = None) -> BuiltSuperfile:
@@ -68,7 +63,8 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
     share no state (``work_dir`` holds temporary index directories).
     """
     _validate(data, spec)
-    blobs: list[Blob] = []
+    # a blob is bytes, or a function of its absolute file offset (scalar indexes align their arrays to it)
+    blobs: list[tuple[dict[str, object], bytes | Callable[[int], bytes]]] = []
     terms: dict[str, list[str]] = {}
     fts_stats: dict[str, tuple[int, int]] = {}
     for column, tokenizer in spec.fts_columns.items():
@@ -100,84 +96,6 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
     meta = {k: v for k, v in (table.schema.metadata or {}).items() if not k.startswith(b"superfile.")}
     table = table.replace_schema_metadata(meta or None)
 
-    if not spec.page_index:
-        return _build_plain(data, table, spec, blobs, terms, fts_stats)
-    sink = io.BytesIO()
-    try:
-        writer = pq.ParquetWriter(
-            sink,
-            table.schema,
-            compression=cast(Any, spec.compression),  # checked by pyarrow
-            write_page_index=True,
-            data_page_size=spec.page_bytes,
-            dictionary_pagesize_limit=spec.dictionary_page_bytes,
-            write_batch_size=_rows_per_batch(table, spec),
-        )
-    except (ValueError, pa.ArrowException) as e:
-        raise InvalidOptionError(f"cannot write Parquet with compression {spec.compression!r}: {e}") from None
-    try:
-        writer.write_table(table, row_group_size=_rows_per_group(table, spec))
-    finally:
-        writer.close()
-    parquet = sink.getbuffer()
-    data_end = footer_bounds(parquet, "<being built>")  # the data section: chunks and page index, as pyarrow wrote
-    file_meta, _ = decode_struct(parquet[data_end : len(parquet) - 8])
-    page_table = build_page_table(parquet, file_meta)
-    if page_table is not None:
-        blobs.append(({"name": PAGES_SECTION, "kind": "pages"}, page_table))
-    sections = [Section("data", "parquet", 0, data_end, zlib.crc32(parquet[:data_end]))]
-    entries: list[dict[str, object]] = [_entry(sections[0], {})]
-    pieces: list[bytes | bytearray | memoryview] = [parquet[:data_end]]
-    offset = data_end
-    for info, make in blobs:
-        blob = make if isinstance(make, bytes) else make(offset)
-        s = Section(str(info["name"]), str(info["kind"]), offset, len(blob), zlib.crc32(blob))
-        pieces.append(blob)
-        sections.append(s)
-        entries.append(_entry(s, info))
-        offset += len(blob)
-    blobs.clear()
-    directory = {
-        "num_rows": data.num_rows,
-        "data_end": data_end,
-        "blob_region_length": offset - data_end,
-        "sections": entries,
-    }
-    # the key/value metadata pyarrow would have written, added to its footer here: blobs sit before the
-    # footer, and pyarrow writes the page index on close, after anything appended before it
-    kv = file_meta.get(5, (LIST, (STRUCT, [])))[1][1]
-    for key, value in (
-        (KEY_FORMAT, FORMAT),
-        (KEY_VERSION, str(VERSION)),
-        (KEY_SECTIONS, json.dumps(directory, separators=(",", ":"))),
-        (KEY_FOOTER_CRC, CRC_PLACEHOLDER.decode()),
-    ):
-        kv.append({1: (BINARY, key.encode()), 2: (BINARY, value.encode())})
-    file_meta[5] = (LIST, (STRUCT, kv))
-    footer = bytearray(encode_struct(file_meta))
-    footer += len(footer).to_bytes(4, "little") + b"PAR1"
-    at = crc_value_offset(bytes(footer))
-    if at < 0:
-        raise RuntimeError("the footer does not hold the checksum entry where expected")
-    footer[at : at + len(CRC_PLACEHOLDER)] = b"%08x" % footer_self_crc(bytes(footer), at)
-    pieces.append(footer)
-    out = b"".join(pieces)
-    del pieces, parquet
-    by_name = {s.name: s for s in sections}
-    by_name["footer"] = Section("footer", "footer", offset, len(footer), zlib.crc32(footer))
-    return BuiltSuperfile(out, by_name, data.num_rows, terms, by_name["footer"].crc32, directory, fts_stats)
-
-
-def _build_plain(
-    data: pa.Table,
-    table: pa.Table,
-    spec: SuperfileSpec,
-    blobs: list[Blob],
-    terms: dict[str, list[str]],
-    fts_stats: dict[str, tuple[int, int]],
-) -> BuiltSuperfile:
-    """A superfile without the page index (``spec.page_index`` off): as written before point reads, pages of
-    pyarrow's default size; readers decode whole row groups."""
     sink = io.BytesIO()
     try:
         writer = pq.ParquetWriter(sink, table.schema, compression=cast(Any, spec.compression))  # checked by pyarrow
@@ -233,21 +151,12 @@ def _build_plain(
     return BuiltSuperfile(out, by_name, data.num_rows, terms, footer_crc, directory, fts_stats)
 
 
-def _rows_per_batch(table: pa.Table, spec: SuperfileSpec) -> int:
-    """Rows pyarrow encodes between two checks of the page size: about a quarter of a page of the widest
-    column, so that pages end near ``page_bytes`` (pyarrow's 1024 would make pages of ~70 KB of 70-byte
-    strings whatever the limit)."""
-    rows = max(table.num_rows, 1)
-    widest = max((c.nbytes / rows for c in table.columns), default=1.0)
-    return int(min(1024, max(8, spec.page_bytes / (4 * max(widest, 1.0)))))
-
-
 def _rows_per_group(table: pa.Table, spec: SuperfileSpec) -> int:
     """Rows per row group: ``row_group_bytes`` of data, at least 1024 rows, at most ``row_group_size``.
 
-    Groups are sized by bytes: when row reads decoded whole row groups, 65536 rows of 1 KB texts made a
-    10-row read take ~0.5 s; ~4 MB groups took a few ms each and also scan fastest. Superfiles without a
-    page table (``spec.page_index`` off, or written before it) are still read so.
+    Row reads decode whole row groups (pyarrow cannot read single pages), so
+    groups are sized by bytes: 65536 rows of 1 KB texts made a 10-row read take
+    ~0.5 s; ~4 MB groups take a few ms each and also scan fastest.
     """
     per_row = table.nbytes / max(table.num_rows, 1)
     by_bytes = max(_MIN_GROUP_ROWS, int(spec.row_group_bytes / max(per_row, 1.0)))
@@ -323,8 +232,4 @@ def _validate(data: pa.Table, spec: SuperfileSpec) -> None:
     if spec.row_group_size < 1 or spec.row_group_bytes < 1:
         raise InvalidOptionError(
             f"row_group_size and row_group_bytes must be >= 1, got {spec.row_group_size} and {spec.row_group_bytes}"
-        )
-    if spec.page_bytes < 1 or spec.dictionary_page_bytes < 1:
-        raise InvalidOptionError(
-            f"page_bytes and dictionary_page_bytes must be >= 1, got {spec.page_bytes} and {spec.dictionary_page_bytes}"
         )
