@@ -119,6 +119,66 @@ def test_dashboard_is_provisioned_from_the_mounted_folder() -> None:
     assert all(t["datasource"]["uid"] == "prometheus" for p in dashboard["panels"] for t in p.get("targets", []))
 
 
+# Grafana's per-second units (its "Throughput" category): what a rate of a counter plots in.
+PER_SECOND = {"cps", "ops", "reqps", "rps", "wps", "iops", "eps", "mps", "recps", "rowsps"}
+
+
+def _units_for(expr: str) -> set[str]:
+    """The Grafana units that fit what ``expr`` computes, read from its metrics' unit suffixes (Prometheus naming:
+    ``_seconds``, ``_bytes``, ``_total``, ``_per_second``): a latency quantile in seconds, a byte gauge in bytes, a
+    rate of rows in rows/s, seconds per second (CPU, time spent waiting) and a ratio of two counters as a share."""
+    names = re.findall(r"\b(?:superfile|process)_\w+", expr)
+    assert names, expr
+    first = names[0]
+    if expr.startswith("histogram_quantile("):
+        return {"s"} if first.endswith("_seconds_bucket") else {"short"}
+    if "/" in expr:  # a ratio: of two counters' rates a share, of a histogram's sum and count its mean observation
+        if all(n.endswith("_total") for n in names):
+            return {"percentunit"}
+        assert first.endswith("_sum") and names[-1].endswith("_count"), expr
+        return {"s"} if first.endswith("_seconds_sum") else {"short"}
+    if "increase(" in expr:  # how many in the window
+        return {"short"}
+    if "rate(" in expr:
+        if first.endswith("_bytes_total"):
+            return {"Bps"}
+        if first.endswith(("_seconds_total", "_seconds_sum")):  # seconds per second
+            return {"percentunit"}
+        return {"rowsps"} if "_rows" in first else PER_SECOND
+    if first.endswith("_bytes"):
+        return {"bytes"}
+    if first.endswith("_seconds"):
+        return {"s"}
+    if first.endswith("_per_second"):
+        return {"rowsps"} if "_rows_" in first else PER_SECOND
+    return {"short", "none"}
+
+
+def test_dashboard_units_match_the_metrics() -> None:
+    """Every query of every panel is drawn in the unit of what it computes: the panel's unit, or the override for
+    the query's refId (a panel mixing units puts the second on its own axis)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    wrong = []
+    for panel in [p for row in dashboard["panels"] for p in [row, *row.get("panels", [])]]:
+        if not panel.get("targets"):
+            continue
+        config = panel["fieldConfig"]
+        by_ref = {
+            o["matcher"]["options"]: prop["value"]
+            for o in config.get("overrides", [])
+            if o["matcher"]["id"] == "byFrameRefID"
+            for prop in o["properties"]
+            if prop["id"] == "unit"
+        }
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), panel["title"]
+        for target in panel["targets"]:
+            unit = by_ref.get(target["refId"], config["defaults"].get("unit"))
+            if unit not in _units_for(target["expr"]):
+                wrong.append(f"{panel['title']!r} {target['refId']} ({target['legendFormat']}): {unit}")
+    assert not wrong, "panels whose unit is not their query's:\n" + "\n".join(wrong)
+
+
 def test_dashboard_metrics_are_exported(tmp_path: Path) -> None:
     """Every series a panel queries appears in a real gateway's /metrics after real traffic (the builder's
     instruments, created in this process, are exported through the same registry)."""
