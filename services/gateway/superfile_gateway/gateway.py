@@ -16,7 +16,6 @@ import json
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from cachetools import LRUCache
 from fastapi import Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
@@ -134,7 +134,7 @@ class Gateway:
             )
         self.writes = writes
         self._tables: dict[str, Supertable] = {}
-        self._pinned: OrderedDict[tuple[str, int], Supertable] = OrderedDict()
+        self._pinned: LRUCache[tuple[str, int], Supertable] = LRUCache(maxsize=_PINNED_HANDLES)
         self._lock = threading.Lock()
         self.inflight = InFlight()
         m = meter("superfile.gateway")
@@ -184,9 +184,7 @@ class Gateway:
         if at.version is not None:
             key = (name, at.version)
             with self._lock:
-                pinned = self._pinned.get(key)
-                if pinned is not None:
-                    self._pinned.move_to_end(key)
+                pinned = self._pinned.get(key)  # a hit makes it the most recently used
             # a cleanup elsewhere (another replica, the builder, the gateway in front of this query service) may
             # have expired the version since it was cached: checked on every use, one small read of storage
             if pinned is not None and pinned.is_retained():
@@ -198,10 +196,7 @@ class Gateway:
             pinned = table.checkout(as_of=at.as_of)
             key = (name, pinned.version)
         with self._lock:
-            pinned = self._pinned.setdefault(key, pinned)
-            self._pinned.move_to_end(key)
-            while len(self._pinned) > _PINNED_HANDLES:
-                self._pinned.popitem(last=False)
+            pinned = self._pinned.setdefault(key, pinned)  # the least recently used goes past the capacity
         return pinned
 
     def forget(self, name: str, *, pinned_only: bool = False) -> None:

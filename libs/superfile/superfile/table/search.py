@@ -17,7 +17,6 @@ import itertools
 import logging
 import math
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyroaring
+from cachetools import LRUCache
 
 from superfile._lru import LRU
 from superfile.errors import (
@@ -98,9 +98,8 @@ class _DeletedTextCache:
     """
 
     def __init__(self, capacity: int) -> None:
-        self._items: OrderedDict[str, tuple[pyroaring.AbstractBitMap, _DeletedText]] = OrderedDict()
+        self._items: LRUCache[str, tuple[pyroaring.AbstractBitMap, _DeletedText]] = LRUCache(maxsize=capacity)
         self._lock = threading.Lock()
-        self._capacity = capacity
 
     def get(
         self,
@@ -109,9 +108,7 @@ class _DeletedTextCache:
         analyse: Callable[[pyroaring.AbstractBitMap], _DeletedText],
     ) -> _DeletedText:
         with self._lock:
-            cached = self._items.get(key)
-            if cached is not None:
-                self._items.move_to_end(key)
+            cached = self._items.get(key)  # a hit makes the key the most recently used
         if cached is not None and cached[0] == deleted:
             return cached[1]
         if cached is not None and cached[0].issubset(deleted):
@@ -119,10 +116,7 @@ class _DeletedTextCache:
         else:
             found = analyse(deleted)
         with self._lock:
-            self._items[key] = (deleted, found)
-            self._items.move_to_end(key)
-            while len(self._items) > self._capacity:
-                self._items.popitem(last=False)
+            self._items[key] = (deleted, found)  # the least recently used key goes past the capacity
         return found
 
 
