@@ -214,6 +214,43 @@ class Table(Searches[pa.Table], Protocol):
         """Publish a retained version's contents as the newest version (itself undoable)."""
         ...
 
+    # -- schema evolution: each one commit of metadata, returning its version (docs/schema.md) -------------
+    def add_columns(
+        self, fields: pa.Schema | pa.Field | Sequence[pa.Field], defaults: Mapping[str, Any] | None = None
+    ) -> int:
+        """Add columns at the end: nullable, or not null with a value in ``defaults`` that the rows already in
+        the table (and appends leaving the column out) read. Nothing is rewritten."""
+        ...
+
+    def rename_column(self, old: str, new: str) -> int:
+        """Rename a column; its indexes and partitioning follow it. Older versions keep the old name."""
+        ...
+
+    def drop_columns(self, names: str | Sequence[str]) -> int:
+        """Drop columns with their indexes (not ``_id``, not the partition column); older versions keep them."""
+        ...
+
+    def alter_column_type(self, name: str, new_type: pa.DataType) -> int:
+        """Widen a column's type without changing any value (a wider int or float, int32 -> float64,
+        string -> large_string, ...); anything else is a SchemaChangeError."""
+        ...
+
+    def create_fts_index(self, column: str, tokenizer: str = "english") -> int:
+        """A full-text index on a string column, usable at once: superfiles written before it are searched
+        exactly until a background rewrite (or ``optimize``) builds it into them."""
+        ...
+
+    def create_vector_index(
+        self, column: str, *, metric: str = "cosine", index: Mapping[str, Any] | None = None
+    ) -> int:
+        """A vector index on a not-null ``fixed_size_list<float32>[dim]`` column under ``metric`` (``index``:
+        index parameters), usable at once, built into older superfiles in the background."""
+        ...
+
+    def drop_index(self, column: str) -> int:
+        """Drop a column's full-text or vector index; the column and its values stay."""
+        ...
+
     # -- maintenance --------------------------------------------------------------
     def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]:
         """Merge small superfiles and drop deleted rows, so searches open fewer files; returns counts."""
@@ -373,6 +410,38 @@ class AsyncTable(Searches[Awaitable[pa.Table]], Protocol):
 
     async def restore(self, version: int, *, idempotency_key: str | None = None) -> int | None:
         """As :meth:`Table.restore`."""
+        ...
+
+    async def add_columns(
+        self, fields: pa.Schema | pa.Field | Sequence[pa.Field], defaults: Mapping[str, Any] | None = None
+    ) -> int:
+        """As :meth:`Table.add_columns`."""
+        ...
+
+    async def rename_column(self, old: str, new: str) -> int:
+        """As :meth:`Table.rename_column`."""
+        ...
+
+    async def drop_columns(self, names: str | Sequence[str]) -> int:
+        """As :meth:`Table.drop_columns`."""
+        ...
+
+    async def alter_column_type(self, name: str, new_type: pa.DataType) -> int:
+        """As :meth:`Table.alter_column_type`."""
+        ...
+
+    async def create_fts_index(self, column: str, tokenizer: str = "english") -> int:
+        """As :meth:`Table.create_fts_index`."""
+        ...
+
+    async def create_vector_index(
+        self, column: str, *, metric: str = "cosine", index: Mapping[str, Any] | None = None
+    ) -> int:
+        """As :meth:`Table.create_vector_index`."""
+        ...
+
+    async def drop_index(self, column: str) -> int:
+        """As :meth:`Table.drop_index`."""
         ...
 
     async def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]:

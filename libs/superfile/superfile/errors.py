@@ -24,6 +24,7 @@ __all__ = [
     "PreconditionFailedError",
     "QueryLimitError",
     "ReadOnlyTableError",
+    "SchemaChangeError",
     "SchemaMismatchError",
     "ShortReadError",
     "SqlError",
@@ -53,6 +54,11 @@ class InvalidInputError(SuperfileError, ValueError):
 
 class SchemaMismatchError(InvalidInputError):
     """Appended data does not match the table schema."""
+
+
+class SchemaChangeError(InvalidInputError):
+    """A schema change that cannot be made: a name already taken, a type change that could lose values, a
+    column the table needs (``_id``, the partition column). Nothing was committed."""
 
 
 class UnknownColumnError(InvalidInputError):

@@ -101,6 +101,38 @@ class ThreadedTable(AsyncTable):
         """Publish a retained version's contents as the newest version."""
         return await asyncio.to_thread(self.table.restore, version, idempotency_key=idempotency_key)
 
+    async def add_columns(
+        self, fields: pa.Schema | pa.Field | Sequence[pa.Field], defaults: Mapping[str, Any] | None = None
+    ) -> int:
+        """Add nullable columns, or not-null ones with defaults; returns the version."""
+        return await asyncio.to_thread(self.table.add_columns, fields, defaults)
+
+    async def rename_column(self, old: str, new: str) -> int:
+        """Rename a column; returns the version."""
+        return await asyncio.to_thread(self.table.rename_column, old, new)
+
+    async def drop_columns(self, names: str | Sequence[str]) -> int:
+        """Drop columns and their indexes; returns the version."""
+        return await asyncio.to_thread(self.table.drop_columns, names)
+
+    async def alter_column_type(self, name: str, new_type: pa.DataType) -> int:
+        """Widen a column's type; returns the version."""
+        return await asyncio.to_thread(self.table.alter_column_type, name, new_type)
+
+    async def create_fts_index(self, column: str, tokenizer: str = "english") -> int:
+        """A full-text index on a string column (built into older superfiles in the background)."""
+        return await asyncio.to_thread(self.table.create_fts_index, column, tokenizer)
+
+    async def create_vector_index(
+        self, column: str, *, metric: str = "cosine", index: Mapping[str, Any] | None = None
+    ) -> int:
+        """A vector index on a vector column (built into older superfiles in the background)."""
+        return await asyncio.to_thread(lambda: self.table.create_vector_index(column, metric=metric, index=index))
+
+    async def drop_index(self, column: str) -> int:
+        """Drop a column's full-text or vector index."""
+        return await asyncio.to_thread(self.table.drop_index, column)
+
     async def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]:
         """Merge small superfiles and drop deleted rows; returns counts and the version published."""
         return await asyncio.to_thread(self.table.optimize, target_rows, target_bytes=target_bytes)

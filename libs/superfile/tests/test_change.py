@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyroaring
 import pytest
 import superfile
@@ -27,12 +28,15 @@ from superfile.commit.requirements import (
     AssertBefore,
     AssertPropertyAtMost,
     AssertPropertyEquals,
+    AssertSchemaId,
     AssertTableUUID,
     AssertVersion,
     RequirementFailedError,
     requirement_from_json,
 )
+from superfile.evolution import schema_id
 from superfile.table import Supertable
+from superfile.table import evolve as evolve_module
 from superfile.table import optimize as optimize_module
 
 
@@ -114,6 +118,7 @@ def test_change_has_no_callable_fields() -> None:
         "record_keys",
         "carry",
         "rebase",
+        "schema",
     }
 
 
@@ -238,6 +243,41 @@ def test_builder_style_requirements_round_trip(sent: list[Change]) -> None:
     assert t.count_rows() == 2
 
 
+def test_schema_changes_round_trip(sent: list[Change], monkeypatch: Any) -> None:
+    """Every schema evolution is a change carrying the next schema (field ids, schema id, the earlier
+    schemas' names, defaults in metadata) and options, requiring the schema it was planned on; its JSON
+    gives it back byte for byte, and an append staged before it publishes after it."""
+    monkeypatch.setattr(evolve_module, "index_in_background", lambda table: None)  # no commit of another thread
+    db, t = _table()
+    t.append(batch(0, 0, 4))
+    staged = db.open_table("t").transaction()
+    staged.append(batch(1, 0, 2))
+    t.add_columns([pa.field("note", pa.string()), pa.field("n", pa.int64(), nullable=False)], defaults={"n": 3})
+    t.rename_column("text", "body")
+    t.alter_column_type("i", pa.int64())
+    t.drop_columns("note")
+    t.drop_index("emb")
+    t.create_fts_index("body", tokenizer="simple")
+    staged.commit()  # staged under the first schema: its superfile keeps its names, its entry is re-keyed
+    changes = [c for c in sent if c.schema is not None]
+    assert [c.operation for c in changes] == [
+        "add_columns",
+        "rename_column",
+        "alter_column_type",
+        "drop_columns",
+        "drop_index",
+        "create_index",
+    ]
+    for n, change in enumerate(changes):
+        assert change.requires == (AssertSchemaId(n),) and not change.added and not change.deletions
+        assert change.schema is not None and schema_id(change.schema.schema) == n + 1
+    assert changes[-1].schema is not None and dict(changes[-1].schema.options.fts_columns) == {"body": "simple"}
+    rows = t.to_arrow(["worker", "i", "body", "n"]).sort_by([("worker", "ascending"), ("i", "ascending")])
+    assert rows.schema.field("i").type == pa.int64()
+    assert rows.column("n").to_pylist() == [3] * 6 and rows.column("worker").to_pylist() == [0] * 4 + [1] * 2
+    assert sorted(t.token_match("body", "w1s0", projection=["i"]).column("i").to_pylist()) == [0, 1]
+
+
 @pytest.mark.parametrize(
     "requirement",
     [
@@ -246,6 +286,7 @@ def test_builder_style_requirements_round_trip(sent: list[Change]) -> None:
         AssertPropertyEquals(("a", "b"), {"x": [1, "2"]}, default=None),
         AssertPropertyAtMost(("log_fences", "t"), 4),
         AssertBefore(1_700_000_000_000),
+        AssertSchemaId(3),
     ],
 )
 def test_each_requirement_round_trips(requirement: Any) -> None:

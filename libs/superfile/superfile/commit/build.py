@@ -79,17 +79,23 @@ def scalar_index_kinds(rows: pa.Table, options: TableOptions) -> dict[str, str]:
     return kinds
 
 
-def _build_one(shard: Shard, spec: SuperfileSpec, options: TableOptions, storage: Storage) -> SuperfileEntry:
+def _build_one(
+    shard: Shard, spec: SuperfileSpec, options: TableOptions, storage: Storage, schema_id: int
+) -> SuperfileEntry:
     built = build_superfile(shard.rows, replace(spec, scalar_indexes=scalar_index_kinds(shard.rows, options)))
     path = f"data/{uuid.uuid4().hex}.parquet"
     storage.write(path, built.data)
-    return summarize(shard.rows, built, path, shard.partition, options)
+    return replace(summarize(shard.rows, built, path, shard.partition, options), schema_id=schema_id)
 
 
-def build_shards(shards: Sequence[Shard], options: TableOptions, storage: Storage) -> list[SuperfileEntry]:
-    """Build and upload every shard in parallel. Uploaded files stay invisible until a commit names them."""
+def build_shards(
+    shards: Sequence[Shard], options: TableOptions, storage: Storage, schema_id: int = 0
+) -> list[SuperfileEntry]:
+    """Build and upload every shard in parallel. Uploaded files stay invisible until a commit names them.
+    ``schema_id``: the table schema the rows were coerced to (``options`` are that schema's): the entries
+    record it, so a schema change that lands before they publish still reads their columns right."""
     spec = superfile_spec(options)
     if len(shards) == 1:
-        return [_build_one(shards[0], spec, options, storage)]
-    futures = [build_pool().submit(_build_one, s, spec, options, storage) for s in shards]
+        return [_build_one(shards[0], spec, options, storage, schema_id)]
+    futures = [build_pool().submit(_build_one, s, spec, options, storage, schema_id) for s in shards]
     return [f.result() for f in futures]

@@ -17,6 +17,12 @@ A :class:`Change` holds no code. What used to be callbacks into the writer and t
   the manifest it builds on and deletes them there. ``Rebase.replaced`` (the ``_id``s this change's updates
   replaced) lets it drop a replacement whose original a concurrent commit deleted.
 
+- ``schema`` (:class:`SchemaUpdate`, a schema evolution: ``superfile.evolution``): the table's next schema
+  and options. Such a change carries no rows; it requires (``AssertSchemaId``) the schema it was staged
+  against. A data change staged under an older schema than the one it publishes over is still valid: its
+  superfiles record the schema they were written under, and publish re-keys their entries to the current
+  column names (``SuperfileEntry.as_of``).
+
 ``to_json(schema)`` / ``from_json(d, schema)`` round-trip a change exactly (entries as the manifest writes
 them; bitmaps in the portable Roaring format and ``_id`` arrays as little-endian uint64, both base64). The
 schema is the table's, as for a manifest's own entries.
@@ -37,12 +43,14 @@ import pyroaring
 from superfile.commit.requirements import Requirement, requirement_from_json
 from superfile.errors import ContentionError
 from superfile.manifest.model import SuperfileEntry
+from superfile.options import TableOptions
 
 __all__ = [
     "Carry",
     "Change",
     "Deletion",
     "Rebase",
+    "SchemaUpdate",
     "StaleSuperfileError",
     "bitmap_of",
     "id_array",
@@ -161,6 +169,22 @@ class Rebase:
 
 
 @dataclass(frozen=True)
+class SchemaUpdate:
+    """One schema evolution: the table's next schema (``superfile.evolution.next_schema``: field ids, the
+    next schema id, earlier schemas' names) and options (indexed columns, tokenizers, vector metrics)."""
+
+    schema: pa.Schema
+    options: TableOptions
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": _b64(self.schema.serialize().to_pybytes()), "options": self.options.to_dict()}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SchemaUpdate:
+        return cls(pa.ipc.read_schema(pa.py_buffer(_unb64(d["schema"]))), TableOptions.from_dict(d["options"]))
+
+
+@dataclass(frozen=True)
 class Change:
     """Everything one commit publishes (see the module docstring)."""
 
@@ -179,6 +203,8 @@ class Change:
     carry: Carry | None = None
     # Without it, a deletion whose superfile is gone fails the publish (StaleSuperfileError).
     rebase: Rebase | None = None
+    # A schema evolution: the next schema and options (with no rows; requires AssertSchemaId).
+    schema: SchemaUpdate | None = None
 
     @property
     def rows_added(self) -> int:
@@ -191,6 +217,7 @@ class Change:
             and not self.removed
             and not any(len(d.rows) for d in self.deletions.values())
             and not self.properties
+            and self.schema is None
         )
 
     def to_json(self, schema: pa.Schema) -> dict[str, Any]:
@@ -206,6 +233,7 @@ class Change:
             "record_keys": list(self.record_keys),
             "carry": None if self.carry is None else self.carry.to_json(),
             "rebase": None if self.rebase is None else self.rebase.to_json(),
+            "schema": None if self.schema is None else self.schema.to_json(),
         }
 
     @classmethod
@@ -223,4 +251,5 @@ class Change:
             record_keys=tuple(d["record_keys"]),
             carry=None if d["carry"] is None else Carry.from_json(d["carry"]),
             rebase=None if d["rebase"] is None else Rebase.from_json(d["rebase"]),
+            schema=None if d.get("schema") is None else SchemaUpdate.from_json(d["schema"]),
         )

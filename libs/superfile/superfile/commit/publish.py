@@ -46,6 +46,7 @@ from superfile.errors import (
     StorageError,
     TableNotFoundError,
 )
+from superfile.evolution import field_id, schema_id
 from superfile.manifest.log import newest_first, next_history
 from superfile.manifest.model import (
     DeletionRef,
@@ -151,7 +152,12 @@ def apply_change(current: ManifestList, current_path: str, change: Change, store
     version = current.version + 1
     # recorded on every attempt, against the manifest it builds on: raises AlreadyCommitted if one is there
     derived = record_new(store.storage, current, list(change.record_keys)) if change.record_keys else {}
-    added = [replace(e, added_version=version) for e in change.added]
+    if change.schema is not None:
+        return _evolved(current, current_path, change, store, derived)
+    sid = schema_id(current.schema)
+    # superfiles staged under an older schema (a schema change landed meanwhile) keep their own column names
+    # in the file; their entries are keyed by the current names, like every entry this manifest reads
+    added = [replace(e if e.schema_id == sid else e.as_of(current.schema), added_version=version) for e in change.added]
     added_paths = {e.path for e in added}
     rows_deleted = 0
     # copies: a retried attempt starts again from the change as staged
@@ -223,6 +229,38 @@ def apply_change(current: ManifestList, current_path: str, change: Change, store
         schema=current.schema,
         options=current.options,
         parts=tuple(parts),
+        history_tail=tail,
+        properties={**current.properties, **change.properties, **derived},
+        history_segment=segment,
+        history_depth=depth,
+    )
+
+
+def _evolved(
+    current: ManifestList, current_path: str, change: Change, store: ManifestStore, derived: dict[str, object]
+) -> ManifestList:
+    """The successor of ``current`` with the schema and options of a schema change: metadata only. Part
+    summaries move to the new column names (by field id); parts and superfiles are not touched."""
+    assert change.schema is not None
+    if change.added or change.deletions or change.removed:
+        raise ValueError("a schema change carries no rows")
+    new = change.schema.schema
+    ids = {field_id(f): f.name for f in new if field_id(f)}
+    names = {f.name: ids[field_id(f)] for f in current.schema if field_id(f) in ids}
+    version = current.version + 1
+    path = store.new_list_path(version)
+    rows = current.rows
+    entry = HistoryEntry(version, path, max(now_ms(), current.timestamp_ms), change.operation, 0, 0, rows)
+    tail, segment, depth = next_history(store.storage, current, entry)
+    return replace(
+        current,
+        version=version,
+        parent=current_path,
+        timestamp_ms=entry.timestamp_ms,
+        operation=change.operation,
+        schema=new,
+        options=change.schema.options,
+        parts=tuple(p.renamed(names) for p in current.parts),
         history_tail=tail,
         properties={**current.properties, **change.properties, **derived},
         history_segment=segment,

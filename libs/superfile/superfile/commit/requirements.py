@@ -13,6 +13,7 @@ logged, compared and sent with its change (``to_json`` / :func:`requirement_from
   manifest's ``properties``, missing meaning ``default``) equals a value / is a number at most a bound.
   The builder's fencing: its topic's ``log_offsets`` equals the offset its batch started from, and its
   topic's ``log_fences`` is at most its own lease's fence.
+- :class:`AssertSchemaId`: the table's schema is the one a schema change was staged against.
 - :class:`AssertBefore`: the attempt starts before a wall-clock deadline (epoch milliseconds). The builder
   puts its lease's deadline here (``Lease.deadline_ms``): a commit attempt made after the lease ran out is
   refused. It narrows a zombie's window; the offset and fence requirements are what make a late commit
@@ -28,12 +29,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from superfile.errors import ContentionError
+from superfile.evolution import schema_id
 from superfile.manifest.model import ManifestList
 
 __all__ = [
     "AssertBefore",
     "AssertPropertyAtMost",
     "AssertPropertyEquals",
+    "AssertSchemaId",
     "AssertTableUUID",
     "AssertVersion",
     "Requirement",
@@ -194,8 +197,29 @@ class AssertBefore(Requirement):
         return {"deadline_ms": self.deadline_ms}
 
 
+@dataclass(frozen=True)
+class AssertSchemaId(Requirement):
+    """The table's current schema is the one with this id (pyiceberg's ``AssertCurrentSchemaId``): a schema
+    change staged against schema ``schema_id`` publishes only over it, never over a concurrent one."""
+
+    TYPE: ClassVar[str] = "assert-current-schema-id"
+    schema_id: int
+
+    def check(self, manifest: ManifestList) -> None:
+        actual = schema_id(manifest.schema)
+        if actual != self.schema_id:
+            raise RequirementFailedError(self, actual)
+
+    def describe(self) -> str:
+        return f"schema {self.schema_id} required"
+
+    def fields(self) -> dict[str, Any]:
+        return {"schema_id": self.schema_id}
+
+
 _TYPES: dict[str, type[Requirement]] = {
-    t.TYPE: t for t in (AssertTableUUID, AssertVersion, AssertPropertyEquals, AssertPropertyAtMost, AssertBefore)
+    t.TYPE: t
+    for t in (AssertTableUUID, AssertVersion, AssertPropertyEquals, AssertPropertyAtMost, AssertBefore, AssertSchemaId)
 }
 
 

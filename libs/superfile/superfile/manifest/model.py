@@ -12,12 +12,13 @@ from __future__ import annotations
 import base64
 import datetime
 import decimal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from superfile.evolution import current_names, identified, physical_names, schema_id, since_valid
 from superfile.expressions import ColumnStats
 from superfile.format import Section
 from superfile.manifest.bloom import BloomFilter
@@ -68,22 +69,38 @@ def decode_value(value: Any, type_: pa.DataType) -> Any:
     return value
 
 
-def _stats_to_json(stats: dict[str, ColumnStats], schema: pa.Schema) -> dict[str, list[Any]]:
+def _stats_to_json(
+    stats: dict[str, ColumnStats], schema: pa.Schema, names: dict[str, str] | None = None
+) -> dict[str, list[Any]]:
+    """``names``: the key each column is written under (its name in the superfile; default: its own)."""
     out = {}
     for name, s in stats.items():
         t = schema.field(name).type
-        out[name] = [encode_value(s.min, t), encode_value(s.max, t), s.null_count, s.row_count]
+        out[name if names is None else names[name]] = [
+            encode_value(s.min, t),
+            encode_value(s.max, t),
+            s.null_count,
+            s.row_count,
+        ]
     return out
 
 
-def _stats_from_json(d: dict[str, list[Any]], schema: pa.Schema) -> dict[str, ColumnStats]:
+def _stats_from_json(
+    d: dict[str, list[Any]], schema: pa.Schema, names: dict[str, str] | None = None
+) -> dict[str, ColumnStats]:
+    """``names``: the superfile's column name -> the schema's (default: the same); others are dropped."""
     out = {}
-    for name, (lo, hi, nulls, rows) in d.items():
-        if name not in schema.names:
+    for key, (lo, hi, nulls, rows) in d.items():
+        name = key if names is None else names.get(key)
+        if name is None or name not in schema.names:
             continue
         t = schema.field(name).type
         out[name] = ColumnStats(decode_value(lo, t), decode_value(hi, t), nulls, rows)
     return out
+
+
+def _renamed(d: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    return {names[k]: v for k, v in d.items() if k in names}
 
 
 @dataclass(frozen=True)
@@ -142,7 +159,13 @@ class DeletionRef:
 
 @dataclass(frozen=True)
 class SuperfileEntry:
-    """Everything the table needs to route, prune and open one superfile without reading it."""
+    """Everything the table needs to route, prune and open one superfile without reading it.
+
+    ``schema_id``: the table schema the superfile was written under (``superfile.evolution``): its columns
+    carry that schema's names. In memory, the per-column facts (``stats``, ``text``, ``vectors``,
+    ``fts_tokens``) are keyed by the names of the schema the entry was read with; in JSON by the
+    superfile's own names, so a rename or a drop rewrites no entry. ``sections`` are the file's own.
+    """
 
     path: str
     size: int
@@ -158,32 +181,42 @@ class SuperfileEntry:
     added_version: int
     deletes: DeletionRef | None = None
     fts_tokens: dict[str, int] = field(default_factory=dict)  # per full-text column: total analysed length
+    schema_id: int = 0
 
     @property
     def live_rows(self) -> int:
         return self.rows - (self.deletes.count if self.deletes else 0)
 
     def to_json(self, schema: pa.Schema) -> dict[str, Any]:
-        return {
+        """JSON keyed by the superfile's own column names; ``schema`` is the one the entry was read with."""
+        names = None if self.schema_id == schema_id(schema) else physical_names(schema, self.schema_id)
+        keyed = (lambda d: d) if names is None else (lambda d: _renamed(d, names))
+        stats = self.stats if names is None else {k: v for k, v in self.stats.items() if k in names}
+        d = {
             "path": self.path,
             "size": self.size,
             "rows": self.rows,
             "id_range": [self.id_min, self.id_max],
             "footer_crc32": self.footer_crc32,
             "sections": {n: [s.kind, s.offset, s.length, s.crc32] for n, s in self.sections.items()},
-            "stats": _stats_to_json(self.stats, schema),
-            "text": {c: t.to_json() for c, t in self.text.items()},
-            "vectors": {c: v.to_json() for c, v in self.vectors.items()},
+            "stats": _stats_to_json(stats, schema, names),
+            "text": {c: t.to_json() for c, t in keyed(self.text).items()},
+            "vectors": {c: v.to_json() for c, v in keyed(self.vectors).items()},
             "partition": self.partition,
             "added_version": self.added_version,
             "deletes": None if self.deletes is None else [self.deletes.path, self.deletes.count],
-            "fts_tokens": self.fts_tokens,
+            "fts_tokens": keyed(self.fts_tokens),
         }
+        if self.schema_id:
+            d["schema_id"] = self.schema_id
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any], schema: pa.Schema) -> SuperfileEntry:
+        """The entry as ``schema`` (the table's, at the version read) names its columns."""
         dels = d.get("deletes")
-        return cls(
+        sid = d.get("schema_id", 0)
+        entry = cls(
             path=d["path"],
             size=d["size"],
             rows=d["rows"],
@@ -191,13 +224,35 @@ class SuperfileEntry:
             id_max=d["id_range"][1],
             footer_crc32=d["footer_crc32"],
             sections={n: Section(n, k, o, ln, c) for n, (k, o, ln, c) in d["sections"].items()},
-            stats=_stats_from_json(d["stats"], schema),
+            stats={},
             text={c: TextSummary.from_json(t) for c, t in d["text"].items()},
             vectors={c: VectorSummary.from_json(v) for c, v in d["vectors"].items()},
             partition=d["partition"],
             added_version=d["added_version"],
             deletes=None if dels is None else DeletionRef(dels[0], dels[1]),
             fts_tokens=d.get("fts_tokens", {}),
+            schema_id=sid,
+        )
+        if sid == schema_id(schema):
+            return replace(entry, stats=_stats_from_json(d["stats"], schema))
+        return entry.as_of(schema, stats=d["stats"])
+
+    def as_of(self, schema: pa.Schema, *, stats: dict[str, list[Any]] | None = None) -> SuperfileEntry:
+        """This entry, keyed by the superfile's own column names (a fresh one, built under its own schema),
+        keyed by ``schema``'s names instead: renamed columns follow their field ids, dropped ones go, and the
+        index summaries of a column whose index was created after the superfile was written are left out.
+        ``stats``: the JSON statistics, when decoding."""
+        names = current_names(schema, self.schema_id)
+        indexed = {now for now in names.values() if since_valid(schema, now, self.schema_id)}
+        kept = {k: v for k, v in names.items() if v in indexed}
+        return replace(
+            self,
+            stats=_stats_from_json(stats, schema, names)
+            if stats is not None
+            else {names[k]: v for k, v in self.stats.items() if k in names},
+            text=_renamed(self.text, kept),
+            vectors=_renamed(self.vectors, kept),
+            fts_tokens=_renamed(self.fts_tokens, kept),
         )
 
 
@@ -230,6 +285,10 @@ class PartRef:
             "text": {c: t.to_json() for c, t in self.text.items()},
             "sealed": self.sealed,
         }
+
+    def renamed(self, names: dict[str, str]) -> PartRef:
+        """The summaries under new column names (``names``: old -> new; columns not in it are dropped)."""
+        return replace(self, stats=_renamed(self.stats, names), text=_renamed(self.text, names))
 
     @classmethod
     def from_json(cls, d: dict[str, Any], schema: pa.Schema) -> PartRef:
@@ -323,7 +382,8 @@ class ManifestList:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ManifestList:
-        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(d["schema"])))
+        # a table from before field ids gets them by position, as its superfiles were written
+        schema = identified(pa.ipc.read_schema(pa.py_buffer(base64.b64decode(d["schema"]))))
         return cls(
             table_uuid=d["table_uuid"],
             version=d["version"],

@@ -28,6 +28,7 @@ from superfile.errors import (
     StorageError,
     TableNotFoundError,
 )
+from superfile.evolution import schema_id
 from superfile.io import Storage, write_new
 from superfile.manifest.model import ManifestList, PartRef, Pointer, SuperfileEntry
 
@@ -35,6 +36,10 @@ __all__ = ["POINTER", "ManifestStore", "backoff"]
 
 POINTER = "_pointer.json"
 SEQUENCE = "_sequence.json"
+
+
+def _part_key(path: str, schema: pa.Schema) -> str:
+    return f"{path}#{schema_id(schema)}"
 
 
 def backoff(attempt: int, base: float = 0.005, cap: float = 0.5) -> None:
@@ -106,11 +111,14 @@ class ManifestStore:
 
     # -- parts -----------------------------------------------------------------
     def load_part(self, ref: PartRef, schema: pa.Schema) -> list[SuperfileEntry]:
+        """The part's entries as ``schema`` names their columns (cached per part and schema id: an evolved
+        schema reads the same part under its own names)."""
+
         def fetch() -> list[SuperfileEntry]:
             raw = pa.CompressedInputStream(pa.BufferReader(self.storage.read(ref.path)), "zstd").read()
             return [SuperfileEntry.from_json(e, schema) for e in json.loads(raw)["entries"]]
 
-        entries, fetched = self._parts.get_or_load(ref.path, fetch)
+        entries, fetched = self._parts.get_or_load(_part_key(ref.path, schema), fetch)
         if fetched:
             self.parts_fetched += 1
         return entries
@@ -123,7 +131,7 @@ class ManifestStore:
         data = sink.getvalue().to_pybytes()
         path = f"_manifests/parts/{uuid.uuid4().hex}.json.zst"
         write_new(self.storage, path, data)
-        self._parts.get_or_load(path, lambda: list(entries))
+        self._parts.get_or_load(_part_key(path, schema), lambda: list(entries))
         return path, len(data)
 
     # -- deletion vectors --------------------------------------------------------

@@ -8,7 +8,7 @@ loop run concurrently. ``version`` and ``properties`` ask the gateway, so here t
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -95,6 +95,41 @@ class AsyncRemoteTable(RemoteHandle, AsyncTable):
     async def restore(self, version: int, *, wait: bool = True, idempotency_key: str | None = None) -> int | None:
         """As :meth:`RemoteTable.restore`."""
         return await self._client.call(self._restore_call(version, wait, idempotency_key))
+
+    async def add_columns(
+        self, fields: pa.Schema | pa.Field | Sequence[pa.Field], defaults: Mapping[str, Any] | None = None
+    ) -> int:
+        """Add nullable columns, or not-null ones with ``defaults`` (what existing rows read); the gateway
+        commits it. Returns the version; this handle's ``schema`` and ``options`` follow."""
+        return await self._client.call(self._add_columns_call(fields, defaults))
+
+    async def rename_column(self, old: str, new: str) -> int:
+        """Rename a column (metadata only); returns the version."""
+        return await self._client.call(self._rename_column_call(old, new))
+
+    async def drop_columns(self, names: str | Sequence[str]) -> int:
+        """Drop columns and their indexes; returns the version."""
+        return await self._client.call(self._drop_columns_call(names))
+
+    async def alter_column_type(self, name: str, new_type: pa.DataType) -> int:
+        """Widen a column's type (values unchanged); returns the version."""
+        return await self._client.call(self._alter_column_type_call(name, new_type))
+
+    async def create_fts_index(self, column: str, tokenizer: str = "english") -> int:
+        """A full-text index on a string column, usable at once; the gateway builds it into older superfiles in
+        the background."""
+        return await self._client.call(self._create_fts_index_call(column, tokenizer))
+
+    async def create_vector_index(
+        self, column: str, *, metric: str = "cosine", index: Mapping[str, Any] | None = None
+    ) -> int:
+        """A vector index on a not-null vector column, usable at once (built into older superfiles in the
+        background)."""
+        return await self._client.call(self._create_vector_index_call(column, metric, index))
+
+    async def drop_index(self, column: str) -> int:
+        """Drop a column's full-text or vector index; returns the version."""
+        return await self._client.call(self._drop_index_call(column))
 
     async def optimize(self, target_rows: int | None = None, *, target_bytes: int | None = None) -> dict[str, Any]:
         """As :meth:`RemoteTable.optimize` (never retried)."""

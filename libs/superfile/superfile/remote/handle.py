@@ -20,14 +20,16 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import pyarrow as pa
 
-from superfile.errors import InvalidOptionError, ReadOnlyTableError
+from superfile.errors import InvalidInputError, InvalidOptionError, ReadOnlyTableError
+from superfile.evolution import columns_to_add
 from superfile.options import PartitionSpec, TableOptions
 from superfile.remote.client import Call
 from superfile.remote.wire import ARROW_STREAM, schema_from_b64, schema_to_b64, to_ipc
-from superfile.schema import to_arrow_table, user_schema
+from superfile.schema import rows_schema, to_arrow_table
 from superfile.search.request import SearchRequest
 from superfile.validate import check_key, check_name, check_version, create_schema, table_options, to_ms
 
@@ -311,7 +313,7 @@ class RemoteHandle:
         )
 
     def _rows(self, data: Any) -> bytes:
-        rows = to_arrow_table(data, user_schema(self._schema) if isinstance(data, list) else None)
+        rows = to_arrow_table(data, rows_schema(self._schema, data) if isinstance(data, list) else None)
         return to_ipc(rows)
 
     def _append_call(self, data: Any, wait: bool, key: str | None) -> Call[int | None]:
@@ -329,6 +331,52 @@ class RemoteHandle:
 
     def _restore_call(self, version: int, wait: bool, key: str | None) -> Call[int | None]:
         return self._write_call("restore", wait, key, payload={"version": check_version(version)})
+
+    # -- schema evolution: committed by the gateway (never repeated: a repeat would meet its own change), which
+    # answers the table's new description; the handle takes its schema and options from it ----------------
+    def _evolved(self, info: Mapping[str, Any]) -> int:
+        schema, options = schema_from_b64(info["schema_ipc"]), TableOptions.from_dict(info["options"])
+        with self._lock:
+            self._schema, self._options = schema, options
+        return int(info["version"])
+
+    def _schema_call(
+        self, method: str, op: str, payload: Any = None, params: Mapping[str, Any] | None = None
+    ) -> Call[int]:
+        self._writable()
+        return Call(method, f"{self._path}{op}", params=params, payload=payload, then=self._evolved)
+
+    def _add_columns_call(
+        self, fields: pa.Schema | pa.Field | Sequence[pa.Field], defaults: Mapping[str, Any] | None
+    ) -> Call[int]:
+        """``POST /tables/{name}/columns`` with the columns as an Arrow IPC schema, defaults in their metadata."""
+        columns = pa.schema(columns_to_add(fields, defaults))
+        return self._schema_call("POST", "/columns", {"schema_ipc": schema_to_b64(columns)})
+
+    def _rename_column_call(self, old: str, new: str) -> Call[int]:
+        return self._schema_call("PATCH", f"/columns/{_segment(old)}", {"name": new})
+
+    def _drop_columns_call(self, names: str | Sequence[str]) -> Call[int]:
+        columns = [names] if isinstance(names, str) else list(names)
+        if not all(isinstance(c, str) for c in columns):
+            raise InvalidInputError("names must be a column name or a list of them")
+        return self._schema_call("POST", "/columns/drop", {"columns": columns})
+
+    def _alter_column_type_call(self, name: str, new_type: pa.DataType) -> Call[int]:
+        if not isinstance(new_type, pa.DataType):
+            raise InvalidInputError(f"new_type must be a pyarrow.DataType, got {new_type!r}")
+        typed = schema_to_b64(pa.schema([pa.field(name, new_type)]))
+        return self._schema_call("PATCH", f"/columns/{_segment(name)}", {"type_ipc": typed})
+
+    def _create_fts_index_call(self, column: str, tokenizer: str) -> Call[int]:
+        return self._schema_call("POST", "/indexes", {"column": column, "kind": "fts", "tokenizer": tokenizer})
+
+    def _create_vector_index_call(self, column: str, metric: str, index: Mapping[str, Any] | None) -> Call[int]:
+        body = {"column": column, "kind": "vector", "metric": metric, "index": dict(index or {})}
+        return self._schema_call("POST", "/indexes", body)
+
+    def _drop_index_call(self, column: str) -> Call[int]:
+        return self._schema_call("DELETE", f"/indexes/{_segment(column)}")
 
     # -- maintenance: never repeated (the gateway runs them; a second run after a lost answer is another) ------
     def _optimize_call(self, target_rows: int | None, target_bytes: int | None) -> Call[dict[str, Any]]:
@@ -353,6 +401,13 @@ class RemoteHandle:
     def _where(self) -> str:
         """For ``repr``: the pinned version, if any."""
         return f", version={self._pinned}" if self._pinned is not None else ""
+
+
+def _segment(column: str) -> str:
+    """A column name as one URL path segment."""
+    if not isinstance(column, str):
+        raise InvalidInputError(f"a column name must be a string, got {column!r}")
+    return quote(column, safe="")
 
 
 def _seconds(name: str, value: Any) -> Any:

@@ -119,7 +119,8 @@ class RootSearcher(Searcher):
         new = [t for t in terms if t not in found]
         if new or _DELETED not in found:
             holders = {e.path for e in self._term_candidates(column, new, "any")} if new else set()
-            holders |= {e.path for e in self.snap.entries() if e.deletes is not None}
+            # with deletes, or without the column's index (their share of the lengths is counted there)
+            holders |= {e.path for e in self.snap.entries() if e.deletes is not None or column not in e.text}
             shares = self._fan(sorted(holders), "bm25_stats", {"column": column, "terms": new})
             for i, term in enumerate(new):
                 found[term] = sum(int(s["df"][i]) for s in shares)

@@ -6,10 +6,12 @@ import datetime
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from superfile.api import Table
 from superfile.commit import idempotency as _idempotency
@@ -17,8 +19,10 @@ from superfile.commit.publish import Change, publish
 from superfile.commit.requirements import Requirement
 from superfile.errors import (
     InvalidOptionError,
+    InvalidVectorError,
     ObjectNotFoundError,
     ReadOnlyTableError,
+    SchemaMismatchError,
     UnknownColumnError,
     VersionNotFoundError,
 )
@@ -26,9 +30,11 @@ from superfile.expressions import parse_predicate
 from superfile.manifest.log import full_history, oldest_retained
 from superfile.manifest.model import HistoryEntry, ManifestList, Pointer
 from superfile.options import TableOptions
+from superfile.schema import coerce
 from superfile.search.request import SearchRequest
 from superfile.table import changes as _changes
 from superfile.table import cleanup as _cleanup
+from superfile.table import evolve as _evolve
 from superfile.table import history as _history
 from superfile.table import optimize as _optimize
 from superfile.table.search import Searcher
@@ -137,6 +143,20 @@ class Supertable(Table):
         self.advance(path, manifest)
         return path, manifest
 
+    def coerce(self, data: Any) -> pa.Table:
+        """``data`` checked and converted as this table stores rows (``superfile.schema.coerce``), against the
+        schema this handle last read, or, for rows that need it, against the table's latest: what a service
+        validating writes for another process (the gateway in suite mode, a builder) checks rows with, so a
+        schema change made elsewhere is taken as soon as rows use it."""
+        tried = self._snapshot
+        try:
+            return coerce(data, tried.schema, tried.manifest.options)
+        except SchemaMismatchError:
+            latest = self._current() if not self._pinned else tried
+            if latest.schema.equals(tried.schema, check_metadata=True):
+                raise
+            return coerce(data, latest.schema, latest.manifest.options)
+
     def advance(self, path: str, manifest: ManifestList) -> None:
         """Move this handle to a version it published (a restore publishes a whole manifest, not a change)."""
         with self._lock:
@@ -238,6 +258,7 @@ class Supertable(Table):
             "deleted_rows": sum(p.rows - p.live_rows for p in m.parts),
             "manifest_parts": len(m.parts),
             "manifest_parts_fetched": self._files.manifests.parts_fetched,
+            "unindexed_superfiles": self._unindexed(snap),
             "resident_memory_bytes": _rss_bytes(),
             "cache_budget_bytes": self._files.disk_cache.budget_bytes if self._files.disk_cache else 0,
             **{f"cache_{k}": v for k, v in self._files.cache_residency(snap.entries).items()},
@@ -256,6 +277,14 @@ class Supertable(Table):
             }
             for h in self._retained_history()
         ]
+
+    def _unindexed(self, snap: Snapshot) -> int:
+        """Superfiles still without an index created after they were written (0 once the background rewrite
+        is done); counted only on tables with full-text or vector columns."""
+        options = snap.manifest.options
+        if not options.fts_columns and not options.vector_columns:
+            return 0
+        return sum(1 for e in snap.entries() if _optimize.unindexed(e, options))
 
     # -- reads --------------------------------------------------------------------
     def to_arrow(self, columns: list[str] | None = None, where: str | None = None) -> pa.Table:
@@ -336,6 +365,66 @@ class Supertable(Table):
         """Publish a retained version's contents as the newest version; returns the new version. A repeated
         ``idempotency_key`` publishes nothing and returns the version that committed it."""
         return _history.restore(self, version, idempotency_key)
+
+    # -- schema evolution: each one commit, metadata only (``table/evolve.py``, docs/schema.md) ------------------
+    def add_columns(
+        self, fields: pa.Schema | pa.Field | Sequence[pa.Field], defaults: Mapping[str, Any] | None = None
+    ) -> int:
+        """Add columns at the end: nullable, or not null with a value in ``defaults``, which rows written before
+        (and appends that leave the column out) read. No superfile is rewritten. Returns the new version."""
+        return _evolve.evolve(self, "add_columns", _evolve.add_columns(fields, defaults))
+
+    def rename_column(self, old: str, new: str) -> int:
+        """Rename a column; its indexes and partitioning follow. Older versions keep the old name."""
+        return _evolve.evolve(self, "rename_column", _evolve.rename_column(old, new))
+
+    def drop_columns(self, names: str | Sequence[str]) -> int:
+        """Drop columns and their indexes (not ``_id``, not the partition column). Older versions still have
+        them; their bytes go when ``optimize`` rewrites the superfiles."""
+        return _evolve.evolve(self, "drop_columns", _evolve.drop_columns(names))
+
+    def alter_column_type(self, name: str, new_type: pa.DataType) -> int:
+        """Widen a column's type (int8 -> int16 -> int32 -> int64, unsigned to wider, ints of up to 32 bits to
+        float64, float32 -> float64, string -> large_string, ...); a change that could alter a value is a
+        SchemaChangeError. Stored values are converted as they are read."""
+        return _evolve.evolve(self, "alter_column_type", _evolve.alter_column_type(name, new_type))
+
+    def create_fts_index(self, column: str, tokenizer: str = "english") -> int:
+        """Index a string column for full-text search. The index is part of the new version at once: searches
+        use it in superfiles written from now on, and search the others exactly (same results) while a
+        background rewrite builds it into them (``optimize`` does too)."""
+        version = _evolve.evolve(self, "create_index", _evolve.create_fts_index(column, tokenizer))
+        _evolve.index_in_background(self)
+        return version
+
+    def create_vector_index(
+        self, column: str, *, metric: str = "cosine", index: Mapping[str, Any] | None = None
+    ) -> int:
+        """Index a not-null ``fixed_size_list<float32>[dim]`` column for vector search under ``metric`` (``index``:
+        the index parameters, as ``vector_columns`` takes them). Built into existing superfiles in the
+        background; until then they are searched exactly."""
+        if metric == "cosine":
+            self._no_zero_vectors(column)
+        version = _evolve.evolve(self, "create_index", _evolve.create_vector_index(column, metric, index))
+        _evolve.index_in_background(self)
+        return version
+
+    def drop_index(self, column: str) -> int:
+        """Drop a column's full-text or vector index (the column stays)."""
+        return _evolve.evolve(self, "drop_index", _evolve.drop_index(column))
+
+    def _no_zero_vectors(self, column: str) -> None:
+        """A cosine index cannot hold a zero vector: refuse it before committing, from the column's values."""
+        snap = self._current()
+        if column not in snap.schema.names or column in snap.manifest.options.vector_columns:
+            return  # the plan names the error, or the column is indexed already
+        values = snap.scan([column]).column(column)
+        if values.null_count or not pa.types.is_fixed_size_list(values.type):
+            return  # the plan refuses nullable and non-vector columns
+        flat = np.asarray(pc.list_flatten(values).to_numpy(zero_copy_only=False), np.float32)
+        zero = int(np.count_nonzero(~flat.reshape(len(values), -1).any(axis=1))) if len(values) else 0
+        if zero:
+            raise InvalidVectorError(f"column {column!r} holds {zero} zero vectors, which cosine cannot index")
 
     def changes(
         self, from_version: int, to_version: int | None = None, *, columns: list[str] | None = None

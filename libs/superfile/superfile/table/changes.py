@@ -19,6 +19,7 @@ at one end only, and rows whose deletion bit differs. Rows with the same
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from superfile.errors import InvalidInputError, UnknownColumnError
+from superfile.evolution import schema_id
 from superfile.manifest.model import ManifestList, SuperfileEntry
 from superfile.manifest.store import ManifestStore
 from superfile.schema import ID
@@ -137,6 +139,8 @@ def changes(old: Snapshot, new: Snapshot, columns: Sequence[str] | None = None) 
         unknown = [c for c in columns if c not in new.schema.names]
         if unknown:
             raise UnknownColumnError(f"unknown columns {unknown}; the table has {new.schema.names}")
+    if schema_id(old.schema) != schema_id(new.schema):  # a schema change in the range: both ends in new's columns
+        old = Snapshot(old.files, old.path, replace(old.manifest, schema=new.schema, options=new.manifest.options))
     gone, came = diff(old, new)
     everything = list(new.schema.names)
     deleted, inserted = _cancel(_side(old, gone, everything), _side(new, came, everything))

@@ -28,10 +28,9 @@ from superfile.expressions.nodes import (
     Or,
     ScalarPlan,
 )
-from superfile.format import SuperfileReader
 from superfile.format.fulltext import make_analyzer
-from superfile.format.layout import idx_section
 from superfile.manifest.model import SuperfileEntry
+from superfile.table.columns import FileColumns
 
 __all__ = ["candidate_rows", "text_pruner"]
 
@@ -42,14 +41,15 @@ _RANGE_OPS = {"<", "<=", ">", ">="}
 
 
 def candidate_rows(
-    predicate: Predicate, reader: SuperfileReader, fts_columns: set[str]
+    predicate: Predicate, reader: FileColumns, fts_columns: set[str]
 ) -> tuple[pyroaring.BitMap, bool] | None:
     """Rows of ``reader`` that may satisfy ``predicate`` and whether they are exactly its matches
-    (every leaf answered by a scalar index), or None when the indexes cannot bound it."""
+    (every leaf answered by a scalar index), or None when the indexes cannot bound it. ``fts_columns``: the
+    full-text columns whose index this superfile holds."""
     return _bound(predicate.root, reader, fts_columns)
 
 
-def _all(reader: SuperfileReader) -> pyroaring.BitMap:
+def _all(reader: FileColumns) -> pyroaring.BitMap:
     rows = pyroaring.BitMap()
     rows.add_range(0, reader.num_rows)
     return rows
@@ -71,11 +71,11 @@ def _range_leaf(node: Node) -> tuple[str, str, object] | None:
     return None
 
 
-def _one_range(left: Node, right: Node, reader: SuperfileReader) -> Bound:
+def _one_range(left: Node, right: Node, reader: FileColumns) -> Bound:
     """A lower and an upper bound on one scalar-indexed column (``BETWEEN``, ``x >= a AND x < b``) as one
     key range: a non-selective side alone would materialise most of the file's rows."""
     a, b = _range_leaf(left), _range_leaf(right)
-    if a is None or b is None or a[0] != b[0] or idx_section(a[0]) not in reader.sections:
+    if a is None or b is None or a[0] != b[0] or not reader.has_scalar_index(a[0]):
         return None
     if a[1] in ("<", "<="):
         a, b = b, a
@@ -84,7 +84,7 @@ def _one_range(left: Node, right: Node, reader: SuperfileReader) -> Bound:
     return reader.scalar_index(a[0]).lookup_range((a[1], a[2]), (b[1], b[2])), True
 
 
-def _bound(node: Node, reader: SuperfileReader, fts: set[str]) -> Bound:
+def _bound(node: Node, reader: FileColumns, fts: set[str]) -> Bound:
     if isinstance(node, Between):
         node = And(node.lower, node.upper)
     if isinstance(node, And):
@@ -118,10 +118,10 @@ def _bound(node: Node, reader: SuperfileReader, fts: set[str]) -> Bound:
     return None
 
 
-def _lookup(reader: SuperfileReader, fts: set[str], column: str | None, op: str, value: object) -> Bound:
+def _lookup(reader: FileColumns, fts: set[str], column: str | None, op: str, value: object) -> Bound:
     if column is None:
         return None
-    if idx_section(column) in reader.sections:
+    if reader.has_scalar_index(column):
         return reader.scalar_index(column).lookup(op, value), True
     if column in fts and op in ("=", "in"):
         index = reader.fulltext(column)

@@ -30,8 +30,10 @@ from superfile.commit.change import Carry, Change, StaleSuperfileError, id_bytes
 from superfile.commit.publish import locate
 from superfile.commit.shard import Shard
 from superfile.errors import InvalidOptionError
+from superfile.evolution import schema_id
 from superfile.manifest.model import SuperfileEntry
 from superfile.manifest.store import backoff
+from superfile.options import TableOptions
 from superfile.pools import build_threads
 from superfile.schema import ID
 from superfile.table.snapshot import Snapshot
@@ -39,7 +41,7 @@ from superfile.table.snapshot import Snapshot
 if TYPE_CHECKING:
     from superfile.table import Supertable
 
-__all__ = ["Plan", "optimize", "plan"]
+__all__ = ["Plan", "optimize", "plan", "stale", "unindexed"]
 
 _ATTEMPTS = 5
 
@@ -97,6 +99,28 @@ def plan(entries: list[SuperfileEntry], target: int) -> dict[str | None, list[Su
     return plan
 
 
+def unindexed(entry: SuperfileEntry, options: TableOptions) -> bool:
+    """Whether the superfile lacks one of the table's full-text or vector indexes (created after it was
+    written: its entry has the column's summary exactly when its file holds the current index)."""
+    return any(c not in entry.text for c in options.fts_columns) or any(
+        c not in entry.vectors for c in options.vector_columns
+    )
+
+
+def stale(options: TableOptions) -> Plan:
+    """A selection: per partition, the superfiles with live rows that lack an index of ``options`` (rewriting
+    them builds it: ``table/evolve.py``)."""
+
+    def select(entries: list[SuperfileEntry], target: int) -> dict[str | None, list[SuperfileEntry]]:
+        chosen: dict[str | None, list[SuperfileEntry]] = {}
+        for e in entries:
+            if e.live_rows and unindexed(e, options):
+                chosen.setdefault(e.partition, []).append(e)
+        return {p: sorted(files, key=lambda e: (e.id_min, e.path)) for p, files in chosen.items()}
+
+    return select
+
+
 def _shards(snap: Snapshot, partition: str | None, chosen: list[SuperfileEntry], target: int) -> Iterator[Shard]:
     """Balanced shards (ceil(rows / target) of them) streamed from the inputs, each sorted by ``_id``."""
     total = sum(e.live_rows for e in chosen)
@@ -131,7 +155,7 @@ class _Rewrite:
     def add(self, shards: list[Shard]) -> None:
         if not shards:
             return
-        built = build_shards(shards, self.snap.manifest.options, self.snap.files.storage)
+        built = build_shards(shards, self.snap.manifest.options, self.snap.files.storage, schema_id(self.snap.schema))
         self.added.extend(built)
         for entry, s in zip(built, shards, strict=True):
             self._ids[entry.path] = id_bytes(np.asarray(s.rows.column(ID).to_numpy(), np.uint64))
@@ -147,6 +171,11 @@ def _once(
     entries = all_entries(snap)
     target = _target_rows(entries, snap, target_rows, target_bytes)
     chosen_by_partition = select(entries, target)
+    if select is plan:  # a full optimize also builds indexes created since some superfiles were written
+        for partition, files in stale(snap.manifest.options)(entries, target).items():
+            have = {e.path for e in chosen_by_partition.get(partition, [])}
+            merged = chosen_by_partition.get(partition, []) + [e for e in files if e.path not in have]
+            chosen_by_partition[partition] = sorted(merged, key=lambda e: (e.id_min, e.path))
     rewrite = _Rewrite(snap)
     batch: list[Shard] = []
     workers = build_threads() if parallel else 1

@@ -53,6 +53,7 @@ from superfile.search.request import (
     TokenMatch,
     VectorSearch,
 )
+from superfile.table.exact import ExactText, analysed, nearest
 from superfile.table.snapshot import Snapshot
 
 __all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "check_row_limit", "rrf_fuse", "top_terms"]
@@ -251,8 +252,28 @@ class Searcher:
             return None
         return pyroaring.BitMap(deleted).flip(0, entry.rows)
 
-    def _fulltext(self, entry: SuperfileEntry, column: str) -> FullTextIndex:
-        return self.snap.files.open(entry).fulltext(column)
+    def _fulltext(self, entry: SuperfileEntry, column: str) -> FullTextIndex | ExactText:
+        """The column's full-text index in this superfile, or, where the superfile lacks it (the index was
+        created after it was written), the same answers computed from its values (``table/exact.py``)."""
+        reader = self.snap.open(entry)
+        if reader.has_text_index(column):
+            return reader.fulltext(column)
+        key = f"{self.snap.files.storage.uri}#{entry.path}#{reader.physical(column)}"
+        return analysed(key, reader.read([column]).column(column), self.options.fts_columns[column])
+
+    def _indexed(self, entries: Sequence[SuperfileEntry], column: str) -> bool:
+        """Whether every one of these superfiles holds the column's full-text index (from the manifest: an
+        entry has the column's term summary exactly when its file has the current index)."""
+        return all(column in e.text for e in entries)
+
+    def _tokens(self, entry: SuperfileEntry, column: str) -> int:
+        """The analysed length of every row of the superfile's column (the manifest's, or counted)."""
+        known = entry.fts_tokens.get(column)
+        if known is not None and column in entry.text:
+            return known
+        found = self._fulltext(entry, column)
+        assert isinstance(found, ExactText)
+        return found.total_tokens
 
     def _analyze(self, column: str, text: str) -> list[str]:
         """Analyse with the column's tokenizer (any superfile's analyzer is the same one)."""
@@ -296,7 +317,7 @@ class Searcher:
             table = self._rows(ranked, which[order], offsets[order], cols)
             arrays += [table.column(c) for c in cols]
         fields: list[pa.Field] = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float32())]
-        fields += [self.snap.schema.field(c) for c in cols]
+        fields += [self.snap.plain_schema.field(c) for c in cols]
         meta: dict[bytes | str, bytes | str] = {
             "superfile.version": str(self.snap.version),
             "superfile.superfiles": str(self.total),
@@ -315,7 +336,7 @@ class Searcher:
                 pieces.append(self.snap.read_rows(h.entry, offsets[pos], cols))
                 positions.append(pos)
         if not pieces:
-            return pa.schema([self.snap.schema.field(c) for c in cols]).empty_table()
+            return pa.schema([self.snap.plain_schema.field(c) for c in cols]).empty_table()
         back = np.argsort(np.concatenate(positions), kind="stable")
         return pa.concat_tables(pieces).take(back)
 
@@ -330,7 +351,7 @@ class Searcher:
 
         def analyse(rows: pyroaring.AbstractBitMap) -> _DeletedText:
             offsets = np.fromiter(rows, np.int64, len(rows))
-            values = self.snap.files.open(entry).read([column], rows=offsets).column(column).to_pylist()
+            values = self.snap.open(entry).read([column], rows=offsets).column(column).to_pylist()
             analyzer = make_analyzer(self.options.fts_columns[column])
             tokens = 0
             df: dict[str, int] = {}
@@ -342,7 +363,8 @@ class Searcher:
                         df[term] = df.get(term, 0) + 1
             return _DeletedText(tokens, df)
 
-        key = f"{self.snap.files.storage.uri}#{entry.path}#{column}"
+        # the column's analysis: its tokenizer names it (an index created again may analyse otherwise)
+        key = f"{self.snap.files.storage.uri}#{entry.path}#{column}#{self.options.fts_columns[column]}"
         return _deleted_text.get(key, self.snap.deleted(entry), analyse)
 
     def _corpus_stats(self, column: str, terms: list[str], holders: list[SuperfileEntry]) -> CorpusStats:
@@ -354,10 +376,11 @@ class Searcher:
         return self.corpus_of(column, terms, df, deleted_tokens)
 
     def corpus_of(self, column: str, terms: list[str], df: Sequence[int], deleted_tokens: int) -> CorpusStats:
-        """The statistics from the manifest's totals and the (summed) :meth:`term_stats` of the superfiles."""
+        """The statistics from the manifest's totals and the (summed) :meth:`term_stats` of the superfiles
+        (``deleted_tokens``: what their deleted rows add, less what unindexed superfiles hold)."""
         entries = self.snap.entries()
         num_docs = sum(e.live_rows for e in entries)
-        total_tokens = sum(e.fts_tokens.get(column, 0) for e in entries) - deleted_tokens
+        total_tokens = sum(e.fts_tokens.get(column, 0) for e in entries if column in e.text) - deleted_tokens
         return CorpusStats(num_docs, total_tokens, dict(zip(terms, [int(n) for n in df], strict=True)))
 
     def term_stats(
@@ -365,8 +388,10 @@ class Searcher:
     ) -> tuple[list[int], int]:
         """This snapshot's share of the BM25 statistics: per term, the live rows holding it (over ``holders``,
         the superfiles that may hold any term, found here if not given), and the analysed length of its
-        deleted rows. A query root sums the shares its leaves report."""
+        deleted rows less that of the superfiles without the column's index (which the manifest cannot
+        count; ``corpus_of`` adds the rest). A query root sums the shares its leaves report."""
         entries = self.snap.entries()
+        unindexed = [e for e in entries if column not in e.text]
         with_deletes = [e for e in entries if e.deletes is not None]
         deleted = dict(
             zip(
@@ -386,7 +411,8 @@ class Searcher:
             holders = self._term_candidates(column, terms, "any")
         for row in self.snap.each(freqs, holders):
             df += np.asarray(row, np.int64)
-        return df.tolist(), sum(d.tokens for d in deleted.values())
+        unindexed_tokens = sum(self.snap.each(lambda e: self._tokens(e, column), unindexed))
+        return df.tolist(), sum(d.tokens for d in deleted.values()) - unindexed_tokens
 
     def _union(self, column: str) -> tuple[UnionIndex, list[SuperfileEntry]] | None:
         """One searcher over every superfile's index of ``column`` (``format/fulltext_union.py``) for a
@@ -395,7 +421,7 @@ class Searcher:
         round differently). Returns it with its parts' superfiles (in ``_id`` order), built once per
         snapshot; None otherwise, or if the union cannot be built."""
         entries = self.snap.entries()
-        if not entries or any(e.deletes is not None for e in entries):
+        if not entries or any(e.deletes is not None for e in entries) or not self._indexed(entries, column):
             return None
         key = f"{self.snap.files.storage.uri}#{self.snap.key}#{column}"
         try:
@@ -410,7 +436,7 @@ class Searcher:
         ordered = all(a.id_max < b.id_min for a, b in itertools.pairwise(entries)) and all(
             self._ascending(e) for e in entries
         )
-        parts = self.snap.each(lambda e: self._fulltext(e, column), entries)  # cold ones open in parallel
+        parts = self.snap.each(lambda e: self.snap.open(e).fulltext(column), entries)  # cold ones in parallel
         return union_of(parts, self.snap.files.cache_dir, ordered=ordered), entries
 
     def _ascending(self, entry: SuperfileEntry) -> bool:
@@ -477,17 +503,27 @@ class Searcher:
         """Every term of this snapshot starting with ``p``, with the rows holding it (before deletes)."""
         entries = self._prefix_entries(column, p)
         counts: dict[str, int] = {}
-        for found in self.snap.each(lambda e: self._fulltext(e, column).searcher.terms_with_prefix("text", p), entries):
+        for found in self.snap.each(lambda e: self._terms_with_prefix(e, column, p), entries):
             for term, n in found:
                 counts[term] = counts.get(term, 0) + n
         return counts
 
+    def _terms_with_prefix(self, entry: SuperfileEntry, column: str, p: str) -> list[tuple[str, int]]:
+        found = self._fulltext(entry, column)
+        if isinstance(found, ExactText):
+            return found.terms_with_prefix(p)
+        return found.searcher.terms_with_prefix("text", p)
+
     def _prefix_entries(self, column: str, p: str) -> list[SuperfileEntry]:
-        """The superfiles whose term range can hold a term starting with ``p``."""
+        """The superfiles whose term range can hold a term starting with ``p`` (and those without the
+        column's index, which have no term range)."""
         entries = []
         for e in self._entries():
             s = e.text.get(column)
-            if s is None or s.min_term is None or s.max_term is None:
+            if s is None:
+                entries.append(e)
+                continue
+            if s.min_term is None or s.max_term is None:
                 continue
             if s.max_term >= p and (s.min_term < p or s.min_term.startswith(p)):
                 entries.append(e)
@@ -552,7 +588,7 @@ class Searcher:
                 rows &= live
             offsets = np.fromiter(rows, np.int64, len(rows))
             if len(offsets):
-                text = self.snap.files.open(e).read([column], rows=offsets).column(column).to_pylist()
+                text = self.snap.open(e).read([column], rows=offsets).column(column).to_pylist()
                 offsets = offsets[np.asarray([t == value for t in text], bool)]
             return _Hits(e, offsets, None)
 
@@ -576,7 +612,7 @@ class Searcher:
         file_key = f"{self.snap.files.storage.uri}#{e.path}"
         if text_filter is not None:
             column, terms, mode = text_filter["column"], text_filter["terms"], text_filter["mode"]
-            key = "\x1f".join([file_key, "text", column, mode, *terms])
+            key = "\x1f".join([file_key, "text", column, self.options.fts_columns[column], mode, *terms])
             fts = self._fulltext(e, column)
             matched, _ = _filter_cache.get_or_load(
                 key, lambda: pyroaring.FrozenBitMap(fts.match(terms, "and" if mode == "all" else "or"))
@@ -643,8 +679,12 @@ class Searcher:
             allow = self._allowed(e, tf, predicate, where)
             if allow is not None and not len(allow):
                 return _Hits(e, np.zeros(0, np.int64), np.zeros(0, np.float32))
-            index = self.snap.files.open(e).vector_index(column)
-            rows, dist = index.search(q, k, nprobe=nprobe, rerank=rerank, allow=allow)
+            reader = self.snap.open(e)
+            if not reader.has_vector_index(column):  # created after this superfile was written: scan it
+                found, vectors = reader.vector_rows(column, allow)
+                rows, dist = nearest(found, vectors, _unit(q, metric), metric, k)
+                return _Hits(e, rows, dist)
+            rows, dist = reader.vector_index(column).search(q, k, nprobe=nprobe, rerank=rerank, allow=allow)
             return _Hits(e, np.asarray(rows, np.int64), np.asarray(dist, np.float32))
 
         # filtered, the kernel scans the allowed rows in native code without the GIL, so the pool pays off
@@ -683,8 +723,8 @@ class Searcher:
         key = f"{self.snap.files.storage.uri}#{self.snap.key}#{column}"
 
         def build() -> tuple[VectorUnion, list[SuperfileEntry]] | None:
-            entries = [e for e in self.snap.entries() if e.deletes is None]
-            indexes = self.snap.each(lambda e: self.snap.files.open(e).vector_index(column), entries)
+            entries = [e for e in self.snap.entries() if e.deletes is None and column in e.vectors]
+            indexes = self.snap.each(lambda e: self.snap.open(e).vector_index(column), entries)
             ivf = [(e, index) for e, index in zip(entries, indexes, strict=True) if index.ivf_lists is not None]
             if not ivf:
                 return None
@@ -728,7 +768,7 @@ class Searcher:
             first.setdefault(int(i), row)
         rows = both.take(pa.array([first[i] for i in ids.tolist()], pa.int64()))
         fields: list[pa.Field] = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float64())]
-        fields += [self.snap.schema.field(c) for c in cols]
+        fields += [self.snap.plain_schema.field(c) for c in cols]
         arrays: list[pa.Array | pa.ChunkedArray] = [rows.column(ID), pa.array(fused, pa.float64())]
         arrays += [rows.column(c) for c in cols]
         return pa.Table.from_arrays(
@@ -780,6 +820,13 @@ def _route(
     bound = gap * gap / 2 if metric == "cosine" else gap * gap
     order = np.argsort(bound, kind="stable")
     return [entries[i] for i in order.tolist()], bound[order]
+
+
+def _unit(q: np.ndarray, metric: str) -> np.ndarray:
+    """The query as a vector index takes it: unit length under cosine (``VectorIndex.prepare_query``)."""
+    if metric != "cosine":
+        return q
+    return np.ascontiguousarray(q / np.float32(np.sqrt(np.dot(q, q))))
 
 
 def _kth(hits: list[_Hits], k: int) -> float | None:

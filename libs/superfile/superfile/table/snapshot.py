@@ -6,6 +6,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -14,6 +15,7 @@ import pyroaring
 
 from superfile._lru import LRU
 from superfile.errors import CorruptSuperfileError, ObjectNotFoundError, SuperfileMissingError
+from superfile.evolution import plain
 from superfile.expressions import Predicate
 from superfile.format import SuperfileReader
 from superfile.format.reader import DEFAULT_CACHE_DIR
@@ -23,6 +25,7 @@ from superfile.manifest.model import ManifestList, PartRef, SuperfileEntry
 from superfile.manifest.store import ManifestStore
 from superfile.pools import query_pool, query_threads
 from superfile.schema import ID
+from superfile.table.columns import FileColumns
 from superfile.table.index_filter import candidate_rows, text_pruner
 
 __all__ = ["INDEXED_FRACTION", "Fanout", "Snapshot", "TableFiles", "offsets_of"]
@@ -45,9 +48,9 @@ def offsets_of(rows: pyroaring.AbstractBitMap) -> np.ndarray:
     return np.frombuffer(rows.to_array(), np.uint32).astype(np.int64)
 
 
-def _read_columns(reader: SuperfileReader, names: list[str], rows: np.ndarray | None, use_threads: bool) -> pa.Table:
+def _read_columns(reader: FileColumns, names: list[str], rows: np.ndarray | None, use_threads: bool) -> pa.Table:
     """Scalar columns ``names`` of all rows or of the given offsets: ``_id`` from the raw id section (a
-    zero-copy view, nothing decoded), the others decoded from Parquet."""
+    zero-copy view, nothing decoded), the others decoded from Parquet (as the snapshot's schema has them)."""
     parquet = [c for c in names if c != ID]
     ids = pa.array(reader.ids(rows), pa.uint64()) if ID in names or not parquet else None
     if not parquet:  # also for no column at all: the ids carry the row count
@@ -237,6 +240,15 @@ class Snapshot:
             return np.arange(entry.rows, dtype=np.int64)
         return offsets_of(pyroaring.BitMap(deleted).flip(0, entry.rows))
 
+    def open(self, entry: SuperfileEntry) -> FileColumns:
+        """One superfile's columns and indexes as this snapshot's schema sees them (``table/columns.py``)."""
+        return FileColumns(self.files.open(entry), entry, self.schema, self.manifest.options)
+
+    @cached_property
+    def plain_schema(self) -> pa.Schema:
+        """The schema results carry: the table's, without its field ids and defaults."""
+        return plain(self.schema)
+
     def matching_offsets(self, entry: SuperfileEntry, where: Predicate | None) -> np.ndarray:
         """Row offsets of live rows of one superfile that satisfy ``where``.
 
@@ -245,9 +257,9 @@ class Snapshot:
         """
         if where is None:
             return self.live_offsets(entry)
-        reader = self.files.open(entry)
+        reader = self.open(entry)
         deleted = self.deleted(entry)
-        bound = candidate_rows(where, reader, set(self.manifest.options.fts_columns))
+        bound = candidate_rows(where, reader, reader.text_indexed(list(self.manifest.options.fts_columns)))
         if bound is not None:
             candidates, exact = bound
             rows = offsets_of(candidates - deleted if len(deleted) else candidates)
@@ -261,16 +273,10 @@ class Snapshot:
         return np.flatnonzero(mask)
 
     def read_rows(self, entry: SuperfileEntry, offsets: np.ndarray, columns: Sequence[str]) -> pa.Table:
-        """The given rows of one superfile, scalar columns from Parquet and vector columns from their blob."""
-        reader = self.files.open(entry)
-        vector_cols = self.manifest.options.vector_columns
-        scalar = [c for c in columns if c not in vector_cols]
+        """The given rows of one superfile: Parquet columns decoded, vectors from their blob, columns the file
+        lacks filled, all as this snapshot's schema has them."""
         # a few rows (a top-k's): decoding them on this thread beats handing the row groups to Arrow's pool
-        table = reader.read(scalar, rows=offsets, use_threads=len(offsets) > _FEW_ROWS) if scalar else pa.table({})
-        arrays = []
-        for c in columns:
-            arrays.append(reader.vectors(c, offsets) if c in vector_cols else table.column(c))
-        return pa.Table.from_arrays(arrays, schema=pa.schema([self.schema.field(c) for c in columns]))
+        return self.open(entry).read(columns, rows=offsets, use_threads=len(offsets) > _FEW_ROWS)
 
     def read_matching(
         self, entry: SuperfileEntry, columns: Sequence[str], where: Predicate | None, *, use_threads: bool = True
@@ -285,14 +291,14 @@ class Snapshot:
         and rows failing ``where`` dropped by one mask. ``use_threads``: decode with Arrow's threads (off when
         the caller reads several superfiles in parallel already).
         """
-        reader = self.files.open(entry)
+        reader = self.open(entry)
         deleted = self.deleted(entry)
-        vector_cols = self.manifest.options.vector_columns
-        scalar = [c for c in columns if c not in vector_cols]
+        blob = {c for c in columns if reader.in_blob(c)}  # vectors: decoded for the rows kept only
+        scalar = [c for c in columns if c not in blob]
         check = where  # what is left to evaluate on decoded rows
         rows: np.ndarray | None = None  # the row offsets read (None: all)
         if where is not None:
-            bound = candidate_rows(where, reader, set(self.manifest.options.fts_columns))
+            bound = candidate_rows(where, reader, reader.text_indexed(list(self.manifest.options.fts_columns)))
             if bound is not None:
                 candidates, exact = bound
                 decodes = not exact or any(c != ID for c in scalar)
@@ -300,7 +306,7 @@ class Snapshot:
                     rows = offsets_of(candidates - deleted if len(deleted) else candidates)
                     if exact:
                         check = None  # the indexes answered it: the candidates are the matches
-        fields = [self.schema.field(c) for c in columns]
+        fields = [self.plain_schema.field(c) for c in columns]
         if rows is not None and not len(rows):  # the indexes rule out every row: nothing to decode
             return pa.schema(fields).empty_table()
         need = list(dict.fromkeys([*scalar, *(sorted(check.columns) if check is not None else ())]))
@@ -314,9 +320,9 @@ class Snapshot:
             keep = mask if keep is None else keep & mask
         if keep is not None:
             table = table.filter(pa.array(keep))
-            if vector_cols:
+            if blob:
                 rows = np.flatnonzero(keep) if rows is None else rows[keep]
-        arrays = [reader.vectors(c, rows) if c in vector_cols else table.column(c) for c in columns]
+        arrays = [reader.vectors(c, rows) if c in blob else table.column(c) for c in columns]
         if all(a.type == f.type for a, f in zip(arrays, fields, strict=True)):
             return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
         return pa.Table.from_arrays(arrays, names=list(columns)).cast(pa.schema(fields))
@@ -342,7 +348,7 @@ class Snapshot:
         """Every live row matching ``where``, in ``_id`` order of superfiles (rows of one file stay in order)."""
         cols = list(columns) if columns is not None else list(self.schema.names)
         tables = self.scan_parts(cols, where)
-        target = pa.schema([self.schema.field(c) for c in cols])
+        target = pa.schema([self.plain_schema.field(c) for c in cols])
         return pa.concat_tables(tables).combine_chunks() if tables else target.empty_table()
 
     def count(self, where: Predicate | None = None) -> int:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyroaring
 
+from superfile.arrow_input import is_streamed
 from superfile.commit.build import build_shards
 from superfile.commit.change import Change, Deletion, Rebase, bitmap_of, id_bytes, offsets_of
 from superfile.commit.idempotency import AlreadyCommitted, committed_version
@@ -17,11 +19,13 @@ from superfile.commit.rebase import holding
 from superfile.commit.requirements import Requirement
 from superfile.commit.shard import shard
 from superfile.commit.stage import WriteBuffer
-from superfile.errors import ContentionError, InvalidInputError, SuperfileError
+from superfile.errors import ContentionError, InvalidInputError, SchemaMismatchError, SuperfileError, UnknownColumnError
+from superfile.evolution import filled, physical_names, plain, schema_id
 from superfile.expressions import Predicate, parse_predicate
 from superfile.manifest.model import Pointer, SuperfileEntry
 from superfile.pools import build_threads
-from superfile.schema import ID, coerce, coerce_chunks
+from superfile.schema import ID, coerce, coerce_chunks, user_schema
+from superfile.table.snapshot import Snapshot
 from superfile.validate import check_key
 
 if TYPE_CHECKING:
@@ -50,10 +54,11 @@ class Transaction:
         self._table = table
         # Checked against the manifest each publish attempt builds on; one that fails aborts the commit.
         self._requires: list[Requirement] = list(requires)
-        self._base, self._base_pointer = table.writable_snapshot()
+        self._base, pointer = table.writable_snapshot()
+        self._base_pointer: tuple[Pointer, str] | None = pointer
         self._schema = self._base.schema
         self._options = self._base.manifest.options
-        self._buffer = WriteBuffer(self._schema)
+        self._buffer = WriteBuffer(plain(self._schema))
         self._flushed: list[SuperfileEntry] = []
         self._deletions: dict[str, _Deleting] = {}  # by superfile path: rows staged for deletion there
         self._operations: list[str] = []
@@ -75,7 +80,7 @@ class Transaction:
             return 0
         spans: list[tuple[int, int]] = []  # (first _id, rows) of each chunk staged
         try:
-            for rows in coerce_chunks(data, self._schema, self._options):  # a stream: chunk by chunk, as read
+            for rows in self._coerced(data):  # a stream: chunk by chunk, as read
                 if rows.num_rows:
                     first = self._table.files.manifests.reserve_ids(rows.num_rows, self._options.commit_max_attempts)
                     spans.append((first, rows.num_rows))
@@ -106,7 +111,7 @@ class Transaction:
         The replaced rows keep their ``_id``. A repeated ``idempotency_key`` stages nothing and returns 0."""
         self._check_open()
         predicate = self._predicate(where)
-        rows = coerce(data, self._schema, self._options)
+        rows = next(self._coerced(data, whole=True))
         if self._repeated(idempotency_key):
             return 0
         count = self._base.count(predicate) + self._count_staged(predicate)
@@ -234,7 +239,66 @@ class Transaction:
             raise SuperfileError("this transaction is already committed or aborted")
 
     def _predicate(self, where: str) -> Predicate:
-        return parse_predicate(where, self._schema)
+        try:
+            return parse_predicate(where, self._schema)
+        except UnknownColumnError:
+            if not self._move_up():
+                raise
+            return parse_predicate(where, self._schema)
+
+    def _coerced(self, data: Any, *, whole: bool = False) -> Iterator[pa.Table]:
+        """``data`` coerced to the transaction's schema (one table if ``whole``, else chunk by chunk); rows that
+        fit only a newer schema (a schema change landed since the transaction began) move it up to that
+        schema first (:meth:`_move_up`; input read once only cannot be read again, and is refused)."""
+        chunks = (
+            iter([coerce(data, self._schema, self._options)])
+            if whole
+            else coerce_chunks(data, self._schema, self._options)
+        )
+        try:
+            first = next(chunks, None)
+        except SchemaMismatchError:
+            if is_streamed(data) or not self._move_up():
+                raise
+            chunks = (
+                iter([coerce(data, self._schema, self._options)])
+                if whole
+                else coerce_chunks(data, self._schema, self._options)
+            )
+            first = next(chunks, None)
+        if first is None:
+            return
+        yield first
+        yield from chunks
+
+    def _move_up(self) -> bool:
+        """Stage on the table's latest schema if a schema change landed since this transaction began: rows
+        buffered so far are carried over by field id (renamed, dropped, filled, widened); superfiles already
+        flushed keep the schema they were written under (publish reads them through it). False when the
+        schema is still the latest."""
+        latest = self._table.snapshot()
+        if schema_id(latest.schema) <= schema_id(self._schema):
+            return False
+        staged = self._buffer.take()
+        old = schema_id(self._schema)
+        self._schema, self._options = latest.schema, latest.manifest.options
+        # deletes still resolve against the version the transaction began on, read with the new schema
+        base = self._base
+        self._base = Snapshot(base.files, base.path, replace(base.manifest, schema=self._schema, options=self._options))
+        self._base_pointer = None  # the commit builds on the latest version (one with this schema or a newer)
+        self._buffer = WriteBuffer(plain(self._schema))
+        if staged.num_rows:
+            names = physical_names(self._schema, old)
+            columns: list[pa.Array | pa.ChunkedArray] = [staged.column(ID)]
+            for f in user_schema(self._schema):
+                then = names.get(f.name)
+                if then is None:  # added since: its default, or nulls
+                    columns.append(filled(self._schema.field(f.name), staged.num_rows))
+                    continue
+                column = staged.column(then)
+                columns.append(column if column.type == f.type else column.cast(f.type))
+            self._buffer.add(pa.Table.from_arrays(columns, schema=plain(self._schema)))
+        return True
 
     def _stage(self, rows: pa.Table, first_id: int) -> None:
         ids = pa.array(np.arange(first_id, first_id + rows.num_rows, dtype=np.uint64))
@@ -247,7 +311,8 @@ class Transaction:
         rows = self._buffer.take()
         if rows.num_rows:
             shards = shard(rows, self._options, build_threads())
-            self._flushed.extend(build_shards(shards, self._options, self._table.files.storage))
+            built = build_shards(shards, self._options, self._table.files.storage, schema_id(self._schema))
+            self._flushed.extend(built)
 
     def _count_staged(self, predicate: Predicate) -> int:
         staged = self._buffer.table()
