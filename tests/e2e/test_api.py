@@ -33,6 +33,7 @@ from superfile.errors import (
     NamespaceNotFoundError,
     QueryLimitError,
     ReadOnlyTableError,
+    SchemaChangeError,
     SchemaMismatchError,
     SqlError,
     TableExistsError,
@@ -539,3 +540,168 @@ def test_bm25_after_delete(table: Table) -> None:
     result = table.bm25_search("title", "supersonic boundary", k=5, projection=["key"])
     assert set(_keys(result)[:2]) == {0, 6} and max(_keys(result)) < 9
     assert sorted(_keys(table.bm25_search("title", "flutter", k=5, projection=["key"]))) == [3]
+
+
+# -- schema evolution (docs/schema.md): each change one commit, readable at older versions, on every side ------
+def _evolving(db: Catalog) -> Table:
+    """12 rows without indexes on ``body`` and ``vec`` (a plain vector column), to index them later."""
+    fields: list[pa.Field] = [
+        pa.field("key", pa.int32()),
+        pa.field("body", pa.string()),
+        pa.field("ratio", pa.float32()),
+        pa.field("vec", pa.list_(pa.float32(), DIM), nullable=False),
+    ]
+    t = db.create_table(f"e_{uuid.uuid4().hex[:8]}", pa.schema(fields))
+    rng = np.random.default_rng(7)  # distinct vectors: no ties between distances
+    rows = [
+        {"key": k, "body": TITLES[k % 6] + f" part {k}", "ratio": k / 4, "vec": rng.normal(size=DIM).tolist()}
+        for k in range(12)
+    ]
+    t.append(rows[:6])
+    t.append(rows[6:])  # two superfiles
+    return t
+
+
+def test_add_columns(table: Table) -> None:
+    v = table.version
+    assert table.add_columns([pa.field("note", pa.string())]) == v + 1
+    assert table.add_columns(pa.schema([pa.field("rank", pa.int64(), nullable=False)]), defaults={"rank": 7}) == v + 2
+    assert table.schema.names == ["_id", "key", "title", "tag", "emb", "note", "rank"]
+    assert table.schema.field("rank").type == pa.int64() and not table.schema.field("rank").nullable
+    rows = table.to_arrow(columns=["key", "note", "rank"]).sort_by("key")
+    assert rows.to_pylist() == [{"key": k, "note": None, "rank": 7} for k in range(12)]  # nothing was rewritten
+    table.append([{"key": 12, "title": "new", "tag": "even", "emb": [0, 0, 1, 0], "note": "n"}])  # rank: default
+    table.append([{"key": 13, "title": "new", "tag": "odd", "emb": [0, 0, 1, 0], "rank": 1}])
+    assert table.count_rows("rank = 7") == 13 and table.count_rows("note IS NULL") == 13
+    assert table.to_arrow(columns=["note", "rank"], where="key >= 12").to_pylist() == [
+        {"note": "n", "rank": 7},
+        {"note": None, "rank": 1},
+    ]
+    hit = table.bm25_search("title", "flutter", k=2, projection=["key", "rank"])
+    assert sorted(hit.to_pylist(), key=lambda r: r["key"])[0]["rank"] == 7
+    old = table.checkout(v)  # the version before reads its own schema
+    assert old.schema.names == ["_id", "key", "title", "tag", "emb"] and old.to_arrow().num_rows == 12
+    assert [h["operation"] for h in table.versions()][-4:-2] == ["add_columns", "add_columns"]
+    with pytest.raises(SchemaChangeError):
+        table.add_columns([pa.field("note", pa.string())])  # taken
+    with pytest.raises(SchemaChangeError):
+        table.add_columns([pa.field("strict", pa.int64(), nullable=False)])  # not null needs a default
+    with pytest.raises(SchemaMismatchError):
+        table.add_columns([pa.field("n", pa.int64())], defaults={"n": "seven"})
+    with pytest.raises(UnknownColumnError):
+        table.add_columns([pa.field("n", pa.int64())], defaults={"other": 1})
+    with pytest.raises(InvalidOptionError):
+        table.add_columns([pa.field("_hidden", pa.int64())])
+    with pytest.raises(ReadOnlyTableError):
+        old.add_columns([pa.field("n", pa.int64())])
+    assert table.schema.names[-2:] == ["note", "rank"]
+
+
+def test_rename_and_drop_columns(db: Catalog, table: Table) -> None:
+    v = table.version
+    table.rename_column("title", "headline")
+    assert "headline" in table.schema.names and "title" not in table.schema.names
+    assert dict(table.options.fts_columns) == {"headline": "english", "tag": "english"}  # the index follows
+    found = table.bm25_search("headline", "flutter", k=5, projection=["key", "headline"])
+    assert sorted(_keys(found)) == [3, 9] and found.column_names == ["_id", "score", "key", "headline"]
+    assert table.count_rows("headline = 'supersonic wing flutter'") == 2
+    assert db.sql(f"SELECT count(*) AS n FROM {table.name} WHERE headline LIKE '%layer%'").to_pylist() == [{"n": 4}]
+    renamed = table.version
+    table.drop_columns("tag")
+    assert table.schema.names == ["_id", "key", "headline", "emb"] and "tag" not in table.options.fts_columns
+    with pytest.raises(UnknownColumnError):
+        table.bm25_search("tag", "even")
+    with pytest.raises(UnknownColumnError):
+        table.to_arrow(columns=["tag"])
+    table.add_columns([pa.field("tag", pa.int64())])  # the name again: a new column, not the old values
+    assert table.to_arrow(columns=["tag"]).column("tag").null_count == 12
+    old = table.checkout(v)  # older versions keep their names, values and indexes
+    assert old.schema.names == ["_id", "key", "title", "tag", "emb"]
+    assert sorted(_keys(old.bm25_search("title", "flutter", k=5, projection=["key"]))) == [3, 9]
+    assert old.count_rows("tag = 'even'") == 6
+    assert table.checkout(renamed).to_arrow(columns=["tag"]).column("tag").to_pylist()[:2] == ["even", "odd"]
+    with pytest.raises(SchemaChangeError):
+        table.rename_column("headline", "key")
+    with pytest.raises(SchemaChangeError):
+        table.drop_columns("_id")
+    with pytest.raises(UnknownColumnError):
+        table.drop_columns(["nope"])
+    with pytest.raises(UnknownColumnError):
+        table.rename_column("nope", "other")
+
+
+def test_alter_column_type(db: Catalog) -> None:
+    t = _evolving(db)
+    v = t.version
+    t.alter_column_type("key", pa.int64())
+    t.alter_column_type("ratio", pa.float64())
+    t.alter_column_type("body", pa.large_string())
+    assert [t.schema.field(c).type for c in ("key", "ratio", "body")] == [pa.int64(), pa.float64(), pa.large_string()]
+    rows = t.to_arrow(columns=["key", "ratio", "body"], where="key >= 10")
+    assert rows.schema.field("key").type == pa.int64() and rows.schema.field("body").type == pa.large_string()
+    assert rows.to_pylist() == [
+        {"key": 10, "ratio": 2.5, "body": TITLES[4] + " part 10"},
+        {"key": 11, "ratio": 2.75, "body": TITLES[5] + " part 11"},
+    ]
+    t.append([{"key": 2**40, "body": "wide", "ratio": 0.1, "vec": [1, 0, 0, 0]}])  # fits int64 only
+    assert t.count_rows(f"key = {2**40}") == 1 and t.count_rows("key < 5") == 5
+    assert t.checkout(v).schema.field("key").type == pa.int32()  # the older version keeps its type
+    for column, bad in (("key", pa.int32()), ("key", pa.float64()), ("body", pa.int64()), ("vec", pa.string())):
+        with pytest.raises(SchemaChangeError):
+            t.alter_column_type(column, bad)
+
+
+def test_create_and_drop_indexes(db: Catalog) -> None:
+    t = _evolving(db)
+    before = t.version
+    with pytest.raises(UnknownColumnError):
+        t.bm25_search("body", "flutter")
+    t.create_fts_index("body", tokenizer="english")
+    t.create_vector_index("vec", metric="l2")
+    assert dict(t.options.fts_columns) == {"body": "english"} and t.options.vector_columns["vec"].metric == "l2"
+    q = [0.3, -0.2, 0.9, 0.1]
+
+    def searches() -> list[Any]:
+        bm25 = t.bm25_search("body", "boundary layer", k=20, projection=["key"])
+        return [
+            list(zip(_keys(bm25), bm25.column("score").to_pylist(), strict=True)),
+            sorted(_keys(t.token_match("body", ["boundary", "layer"], projection=["key"]))),
+            sorted(_keys(t.exact_match("body", TITLES[3] + " part 9", projection=["key"]))),
+            sorted(_keys(t.bm25_search_prefix("body", "hyper", projection=["key"]))),
+            _keys(t.vector_search("vec", q, k=4, projection=["key"])),
+            _keys(t.vector_search("vec", q, k=3, where="key >= 6", projection=["key"])),
+        ]
+
+    # usable at once: superfiles written before the index are searched exactly (or already rewritten with it)
+    first = searches()
+    assert sorted(k for k, _ in first[0]) == [0, 1, 5, 6, 7, 11]
+    assert first[1] == [0, 1, 6, 7] and first[2] == [9] and first[3] == [2, 8]
+    t.optimize()  # the superfiles are rewritten with the indexes (the background rewrite does it too)
+    assert t.stats()["unindexed_superfiles"] == 0
+    second = searches()
+    assert [k for k, _ in second[0]] == [k for k, _ in first[0]]
+    assert [s for _, s in second[0]] == pytest.approx([s for _, s in first[0]], rel=1e-5)
+    assert second[1:] == first[1:]
+    with pytest.raises(UnknownColumnError):
+        t.checkout(before).bm25_search("body", "flutter")  # the version before the index has none
+    indexed = t.version
+    t.drop_index("body")
+    t.drop_index("vec")
+    assert not t.options.fts_columns and not t.options.vector_columns
+    with pytest.raises(UnknownColumnError):
+        t.bm25_search("body", "flutter")
+    with pytest.raises(UnknownColumnError):
+        t.vector_search("vec", q)
+    t.append([{"key": 12, "body": "after", "ratio": 0.0, "vec": [0, 0, 0, 1]}])
+    vectors = t.to_arrow(columns=["key", "vec"]).sort_by("key")  # from the index blobs and, since, from Parquet
+    assert vectors.column("vec")[12].as_py() == [0, 0, 0, 1] and vectors.column("vec").null_count == 0
+    assert t.checkout(indexed).bm25_search("body", "flutter", projection=["key"]).num_rows == 2
+    with pytest.raises(InvalidOptionError):
+        t.create_fts_index("key")  # not a string column
+    with pytest.raises(UnknownColumnError):
+        t.drop_index("ratio")
+    with pytest.raises(UnknownColumnError):
+        t.create_fts_index("nope")
+    t.add_columns([pa.field("maybe", pa.list_(pa.float32(), DIM))])
+    with pytest.raises(SchemaChangeError):
+        t.create_vector_index("maybe")  # nullable: a vector index needs a vector in every row

@@ -27,6 +27,7 @@ from superfile.errors import (
     InvalidTableNameError,
     QueryLimitError,
     ReadOnlyTableError,
+    SchemaChangeError,
     SchemaMismatchError,
     SqlError,
     TableExistsError,
@@ -267,6 +268,36 @@ def test_optimize_and_cleanup(side: Side) -> None:
         dry = await table.cleanup(0, dry_run=True)
         assert dry["dry_run"] is True and dry["files_removed"] > 0
         assert await table.count_rows() == 14
+
+    side.run(scenario)
+
+
+def test_schema_evolution(side: Side) -> None:
+    """Every schema change awaited, each one commit; the handle takes the new schema and options."""
+
+    async def scenario(db: AsyncCatalog) -> None:
+        table = await _table(db)
+        v = await table.version()
+        assert await table.add_columns([pa.field("rank", pa.int32(), nullable=False)], defaults={"rank": 2}) == v + 1
+        assert await table.rename_column("title", "headline") == v + 2
+        assert await table.alter_column_type("rank", pa.float64()) == v + 3
+        assert await table.drop_columns(["tag"]) == v + 4
+        assert table.schema.names == ["_id", "key", "headline", "emb", "rank"]
+        assert table.schema.field("rank").type == pa.float64() and "headline" in table.options.fts_columns
+        assert (await table.to_arrow(columns=["rank"])).column("rank").to_pylist() == [2.0] * 12
+        assert await table.drop_index("headline") == v + 5 and not table.options.fts_columns
+        await table.create_fts_index("headline", tokenizer="simple")
+        await table.drop_index("emb")
+        await table.create_vector_index("emb", metric="l2")
+        assert dict(table.options.fts_columns) == {"headline": "simple"}
+        assert table.options.vector_columns["emb"].metric == "l2"
+        found = await table.bm25_search("headline", "flutter", k=5, projection=["key"])
+        assert sorted(_keys(found)) == [3, 9]
+        assert _keys(await table.vector_search("emb", [0.0, 0.0, 0.0, 1.0], k=1, projection=["key"])) == [3]
+        old = await table.checkout(v)
+        assert old.schema.names == ["_id", "key", "title", "tag", "emb"]
+        with pytest.raises(SchemaChangeError):
+            await table.alter_column_type("key", pa.int32())
 
     side.run(scenario)
 

@@ -122,7 +122,9 @@ class Batch:
             return self._restore(event)
         if event.op == "append":
             assert event.data is not None
-            rows = coerce(event.data, self.table.schema, self.table.options)
+            # rows the gateway checked against a newer schema than this handle's are checked against the table's
+            # latest; rows checked against an older one still fit (coerce follows renames and drops)
+            rows = self.table.coerce(event.data)
             key = event.idempotency_key
             if key is None:
                 self._pending.append(rows)
@@ -168,9 +170,13 @@ class Batch:
             self._ready()
 
     def _stage_appends(self) -> None:
-        """Hand the accumulated appends to the transaction as one append."""
+        """Hand the accumulated appends to the transaction as one append (in the latest schema, when a schema
+        change landed between them; the transaction follows it: ``Transaction._move_up``)."""
         if self._pending:
             assert self._tx is not None
+            if any(not t.schema.equals(self._pending[-1].schema) for t in self._pending):
+                latest = self.table.snapshot()
+                self._pending = [coerce(t, latest.schema, latest.manifest.options) for t in self._pending]
             rows = pa.concat_tables(self._pending)
             self._pending = []
             self._tx.append(rows)

@@ -22,7 +22,6 @@ from superfile.errors import StorageError
 from superfile.events import MAX_RECORD_BYTES, Event, EventLog, Op, Position
 from superfile.expressions import parse_predicate
 from superfile.remote.errors import PayloadTooLargeError, VisibilityTimeoutError
-from superfile.schema import coerce
 from superfile.table import Supertable
 from superfile.validate import check_key
 
@@ -172,7 +171,7 @@ class LogWrites:
         return WriteResult(version, position)
 
     def append(self, table: Supertable, data: Any, *, wait: bool, idempotency_key: str | None = None) -> WriteResult:
-        rows = coerce(data, table.schema, table.options)
+        rows = table.coerce(data)  # a schema changed elsewhere is read when rows need it
         if not rows.num_rows:
             return WriteResult(table.version)  # as embedded: an empty append changes nothing
         chunks = _chunks(rows)
@@ -193,7 +192,7 @@ class LogWrites:
         self, table: Supertable, where: str, data: Any, *, wait: bool, idempotency_key: str | None = None
     ) -> WriteResult:
         parse_predicate(where, table.schema)
-        rows = coerce(data, table.schema, table.options)
+        rows = table.coerce(data)  # a schema changed elsewhere is read when rows need it
         if rows.nbytes > MAX_RECORD_BYTES:
             raise PayloadTooLargeError(
                 f"an update's rows travel as one event of at most {MAX_RECORD_BYTES} bytes; "

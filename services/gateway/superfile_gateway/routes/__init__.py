@@ -7,6 +7,7 @@
 - ``search.py``: one ``POST /tables/{name}/search/{kind}`` per kind of ``superfile.search.request``;
 - ``reads.py``: scan, count, changes;
 - ``maintenance.py``: optimize, cleanup;
+- ``schema.py``: schema evolution (columns added, renamed, retyped, dropped; indexes created and dropped);
 - ``sql.py``: ``POST /sql``;
 - ``forward.py``: with a query service, the routes that send reads there (included ahead of the others).
 
@@ -15,7 +16,7 @@
 snapshot from ``superfile_gateway.deps``.
 """
 
-from superfile_gateway.routes import maintenance, namespaces, reads, search, sql, tables, writes
+from superfile_gateway.routes import maintenance, namespaces, reads, schema, search, sql, tables, writes
 
 __all__ = ["RESOURCES"]
 
@@ -26,6 +27,7 @@ RESOURCES = (
     search.router,
     reads.router,
     maintenance.router,
+    schema.router,
     sql.router,
 )
 """The routers of the API's resources, in the order ``create_app`` includes them."""
