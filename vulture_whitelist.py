@@ -14,8 +14,7 @@ _.tb  # Transaction.__exit__(exc_type, exc, tb) (superfile/table/writer.py)
 _.signum  # the builder's signal handler, on_signal(signum, frame) (superfile_builder/__main__.py)
 
 # Methods a framework calls by name.
-_.do_GET  # http.server.BaseHTTPRequestHandler: the /metrics endpoint (superfile/telemetry.py)
-_.log_message  # http.server.BaseHTTPRequestHandler: silences its request log (superfile/telemetry.py)
+_.collect  # prometheus_client's registry: a custom collector's samples, at each scrape (superfile/telemetry.py)
 _.streamWriter  # pyspark.sql.datasource.DataSource: the streaming sink (superfile_ingest/datasource.py)
 _.onQueryStarted  # pyspark StreamingQueryListener callbacks (superfile_ingest/metrics.py)
 _.onQueryProgress

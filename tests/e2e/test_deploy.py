@@ -28,7 +28,6 @@ import superfile
 import urllib3
 from e2e_support import wait_until
 from superfile.remote.errors import TooManyRequestsError
-from superfile.telemetry import meter
 from superfile_builder.metrics import BuilderMetrics
 from superfile_gateway import BackgroundServer, Settings
 from superfile_gateway.admission import Admission
@@ -185,15 +184,14 @@ def test_dashboard_metrics_are_exported(tmp_path: Path) -> None:
     builder = BuilderMetrics()
     gauges = builder.table("docs")
     gauges.lease_held, gauges.superfiles, gauges.end_offset = 1, 3, 10
-    labels = {"table": "docs"}
     for counter in (builder.rows_applied, builder.events_applied, builder.commits):
-        counter.add(1, labels)
-    builder.records_skipped.add(1, {**labels, "reason": "replayed"})
-    builder.errors.add(1, {**labels, "kind": "pipeline"})
-    builder.commit_seconds.record(0.2, labels)
-    builder.superfiles_compacted.add(4, labels)
-    builder.compaction_seconds.record(0.5, labels)
-    builder.compaction_wait_seconds.record(0.1, labels)
+        counter.labels(table="docs").inc()
+    builder.records_skipped.labels(table="docs", reason="duplicate").inc()
+    builder.errors.labels(table="docs", kind="pipeline").inc()
+    builder.commit_seconds.labels(table="docs").observe(0.2)
+    builder.superfiles_compacted.labels(table="docs").inc(4)
+    builder.compaction_seconds.labels(table="docs").observe(0.5)
+    builder.compaction_wait_seconds.labels(table="docs").observe(0.1)
     # The ingest job's listener, fed the fields of a real StreamingQueryProgress (Spark runs in the ingest tests).
     ingest = IngestMetrics()
     ingest.onQueryStarted(SimpleNamespace(id="q1", name="docs"))
@@ -203,7 +201,7 @@ def test_dashboard_metrics_are_exported(tmp_path: Path) -> None:
     ingest.onQueryTerminated(SimpleNamespace(id="q1", exception="boom"))
 
     # a 429: caps of zero refuse everything (the counter is the gateway's, shared by name)
-    closed = Admission(totals={"sql": 0, "search": 0}, per_key=1, meter=meter("superfile.gateway"))
+    closed = Admission(totals={"sql": 0, "search": 0}, per_key=1)
     with pytest.raises(TooManyRequestsError), closed.enter("sql", Principal(())):
         pass
 

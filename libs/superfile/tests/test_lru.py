@@ -8,6 +8,7 @@ its end on use and popped from its front past a capacity): there were three.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -87,7 +88,7 @@ def test_many_threads_keep_the_capacity() -> None:
     def work(offset: int) -> None:
         for i in range(500):
             key = str((i * 7 + offset) % 32)
-            value, _ = cache.get_or_load(key, lambda key=key: key)
+            value, _ = cache.get_or_load(key, functools.partial(str, key))
             assert value == key
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]

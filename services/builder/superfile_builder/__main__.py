@@ -92,7 +92,7 @@ class Builder:
                     self.scan()
                 except Exception:
                     log.exception("table scan failed")
-                    self.metrics.errors.add(1, {"table": "", "kind": "scan"})
+                    self.metrics.errors.labels(table="", kind="scan").inc()
                 self._stop.wait(self.rescan_s)
         finally:
             for pipeline in self.pipelines.values():

@@ -129,7 +129,7 @@ class TablePipeline(threading.Thread):
             log.warning("table %s no longer exists; its pipeline stops", self.table_name)
         except Exception:
             log.exception("pipeline for table %s failed", self.table_name)
-            self.metrics.errors.add(1, {**self.labels, "kind": "pipeline"})
+            self.metrics.errors.labels(**self.labels, kind="pipeline").inc()
         finally:
             self._committer.shutdown(wait=True)
             self._compaction_thread.shutdown(wait=True)  # the compaction loop ends after its current run
@@ -154,11 +154,11 @@ class TablePipeline(threading.Thread):
                     wait = min(retry, self.lease.expires_in + _EXPIRY_SLACK_S)
                 except redis.RedisError as exc:
                     log.warning("table %s: lease not acquired: %s", self.table_name, exc)
-                    self.metrics.errors.add(1, {**self.labels, "kind": "redis"})
+                    self.metrics.errors.labels(**self.labels, kind="redis").inc()
                     acquired, wait = False, retry
                 except StorageError as exc:
                     log.warning("table %s: lease not acquired, manifest unreadable: %s", self.table_name, exc)
-                    self.metrics.errors.add(1, {**self.labels, "kind": "storage"})
+                    self.metrics.errors.labels(**self.labels, kind="storage").inc()
                     acquired, wait = False, retry
                 if not acquired:
                     self._stopping.wait(wait)
@@ -173,12 +173,12 @@ class TablePipeline(threading.Thread):
                 raise
             except FencedError as exc:
                 log.warning("table %s: commit fenced, resuming from the manifest: %s", self.table_name, exc)
-                self.metrics.errors.add(1, {**self.labels, "kind": "fenced"})
+                self.metrics.errors.labels(**self.labels, kind="fenced").inc()
                 self._drop()
                 synced = False
             except Exception as exc:
                 log.exception("table %s: batch failed, resuming from the manifest", self.table_name)
-                self.metrics.errors.add(1, {**self.labels, "kind": type(exc).__name__})
+                self.metrics.errors.labels(**self.labels, kind=type(exc).__name__).inc()
                 self._drop()
                 synced = False
                 self._stopping.wait(self.config.retry_s)
@@ -238,9 +238,9 @@ class TablePipeline(threading.Thread):
             reason = self._batch.add(processed)
             self._next = self.gauges.consumed_offset = self._batch.end
             if reason is not None:
-                self.metrics.records_skipped.add(1, {**self.labels, "reason": reason})
+                self.metrics.records_skipped.labels(**self.labels, reason=reason).inc()
                 if reason in _ERROR_REASONS:
-                    self.metrics.errors.add(1, {**self.labels, "kind": reason})
+                    self.metrics.errors.labels(**self.labels, kind=reason).inc()
             if self._batch.rows >= self.config.commit_rows or self._batch.nbytes >= self.config.commit_bytes:
                 self._commit()
         batch = self._batch
@@ -273,10 +273,10 @@ class TablePipeline(threading.Thread):
     def _publish(self, batch: Batch, sources: dict[str, list[int]]) -> None:
         started = time.perf_counter()
         self.publisher.commit(batch, sources)
-        self.metrics.commit_seconds.record(time.perf_counter() - started, self.labels)
-        self.metrics.commits.add(1, self.labels)
-        self.metrics.rows_applied.add(batch.rows, self.labels)
-        self.metrics.events_applied.add(batch.events, self.labels)
+        self.metrics.commit_seconds.labels(**self.labels).observe(time.perf_counter() - started)
+        self.metrics.commits.labels(**self.labels).inc()
+        self.metrics.rows_applied.labels(**self.labels).inc(batch.rows)
+        self.metrics.events_applied.labels(**self.labels).inc(batch.events)
         self.gauges.applied_offset = batch.end
         self.gauges.offsets_seen()
         table = batch.table
@@ -288,7 +288,7 @@ class TablePipeline(threading.Thread):
             assert self._compaction is not None
             started = time.perf_counter()
             self._compaction.result()  # back-pressure: the next commit waits until small superfiles are merged
-            self.metrics.compaction_wait_seconds.record(time.perf_counter() - started, self.labels)
+            self.metrics.compaction_wait_seconds.labels(**self.labels).observe(time.perf_counter() - started)
             running = False
         if self.compactor is not None and not running and policy.due(entries, limit) and self.lease.valid():
             self._compaction = self._compaction_thread.submit(self._compact)
@@ -301,13 +301,13 @@ class TablePipeline(threading.Thread):
         """Maintenance thread: delete what no version within the retention window needs (``cleanup``)."""
         try:
             result = self.conn.open_table(self.table_name).cleanup(self.config.retention_s)
-            self.metrics.cleanups.add(1, self.labels)
-            self.metrics.files_removed.add(result["files_removed"], self.labels)
+            self.metrics.cleanups.labels(**self.labels).inc()
+            self.metrics.files_removed.labels(**self.labels).inc(result["files_removed"])
         except TableNotFoundError:
             return
         except Exception:
             log.exception("table %s: cleanup failed", self.table_name)
-            self.metrics.errors.add(1, {**self.labels, "kind": "cleanup"})
+            self.metrics.errors.labels(**self.labels, kind="cleanup").inc()
 
     def _compact(self) -> None:
         """Compaction thread: bounded runs in the compaction process while the policy asks for them (see
@@ -319,9 +319,9 @@ class TablePipeline(threading.Thread):
                 result = self.compactor.run(self.table_name)
                 if result is None:
                     return
-                self.metrics.compaction_seconds.record(time.perf_counter() - started, self.labels)
-                self.metrics.compactions.add(1, self.labels)
-                self.metrics.superfiles_compacted.add(result["superfiles_removed"], self.labels)
+                self.metrics.compaction_seconds.labels(**self.labels).observe(time.perf_counter() - started)
+                self.metrics.compactions.labels(**self.labels).inc()
+                self.metrics.superfiles_compacted.labels(**self.labels).inc(result["superfiles_removed"])
                 self._update_footprint(self.conn.open_table(self.table_name))
                 log.info(
                     "table %s: compacted %d superfiles into %d (version %d)",
@@ -334,10 +334,10 @@ class TablePipeline(threading.Thread):
             return  # the pipeline sees it too, and stops
         except SuperfileError as exc:  # contention with another rewrite, storage: the next commit asks again
             log.warning("table %s: compaction failed: %s", self.table_name, exc)
-            self.metrics.errors.add(1, {**self.labels, "kind": "compaction"})
+            self.metrics.errors.labels(**self.labels, kind="compaction").inc()
         except Exception:
             log.exception("table %s: compaction failed", self.table_name)
-            self.metrics.errors.add(1, {**self.labels, "kind": "compaction"})
+            self.metrics.errors.labels(**self.labels, kind="compaction").inc()
 
     def _update_footprint(self, table: Supertable | None = None) -> list[SuperfileEntry]:
         """Superfile count and bytes of the snapshot ``table`` (default: the pipeline's handle) last saw

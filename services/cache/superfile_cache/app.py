@@ -15,7 +15,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -24,19 +25,43 @@ from typing import Any
 import pyarrow as pa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from opentelemetry.metrics import CallbackOptions, Observation
+from prometheus_client import Counter
 from starlette.concurrency import run_in_threadpool
 from superfile import Connection
 from superfile.errors import InvalidInputError, SuperfileError
 from superfile.remote.wire import ARROW_STREAM, to_ipc
-from superfile.search.leaf import LeafRequest, run
-from superfile.telemetry import CONTENT_TYPE, meter, render, seconds_histogram
+from superfile.search.leaf import OPS, LeafRequest, run
+from superfile.telemetry import CONTENT_TYPE, Observed, preset, render, seconds_histogram
 
 __all__ = ["CacheNode", "NodeSettings", "create_app"]
 
 log = logging.getLogger(__name__)
 
 _MAX_BODY = 16 << 20  # a leaf request names superfiles and a query vector: far below this
+
+# The node's metrics (docs/query.md), listed from the start: the leaf latency of every op at zero, the rest
+# read from the live nodes of the process (one, but for tests) when scraped.
+LEAF_SECONDS = seconds_histogram("superfile_cache_leaf_duration_seconds", "Leaf request latency by op", ["op"])
+ERRORS = Counter("superfile_cache_errors", "Leaf errors by type", ["type"])
+preset(LEAF_SECONDS, op=sorted(OPS))
+_NODES: weakref.WeakSet[CacheNode] = weakref.WeakSet()
+
+
+def _total(stat: str) -> Callable[[], dict[tuple[str, ...], float]]:
+    """The sum of one of the live nodes' statistics (``CacheNode.stats``)."""
+    return lambda: {(): sum(node.stats()[stat] for node in list(_NODES))}
+
+
+Observed("superfile_cache_bytes", "bytes of the copies on disk", _total("cache_bytes"))
+Observed("superfile_cache_superfiles", "copies on disk", _total("superfiles"))
+Observed(
+    "superfile_cache_downloads",
+    "superfiles downloaded, on demand and ahead of use",
+    _total("downloads"),
+    kind="counter",
+)
+Observed("superfile_cache_hits", "uses answered from a copy on disk", _total("hits"), kind="counter")
+Observed("superfile_cache_downloaded_bytes", "bytes fetched from storage", _total("downloaded_bytes"), kind="counter")
 
 
 @dataclass(frozen=True)
@@ -80,22 +105,8 @@ class CacheNode:
         self._lock = threading.Lock()
         self.served = 0
         self.started = time.time()
-        m = meter("superfile.cache")
-        self.leaf_seconds = seconds_histogram(m, "superfile.cache.leaf.duration", "Leaf request latency by op")
-        self.errors = m.create_counter("superfile.cache.errors", description="Leaf errors by type")
-        m.create_observable_gauge("superfile.cache.bytes", [self._observe(lambda s: s["cache_bytes"])], unit="By")
-        m.create_observable_gauge("superfile.cache.superfiles", [self._observe(lambda s: s["superfiles"])])
-        m.create_observable_counter("superfile.cache.downloads", [self._observe(lambda s: s["downloads"])])
-        m.create_observable_counter("superfile.cache.hits", [self._observe(lambda s: s["hits"])])
-        m.create_observable_counter(
-            "superfile.cache.downloaded", [self._observe(lambda s: s["downloaded_bytes"])], unit="By"
-        )
-
-    def _observe(self, pick: Any) -> Any:
-        def observe(_options: CallbackOptions) -> list[Observation]:
-            return [Observation(pick(self.stats()))]
-
-        return observe
+        self.leaf_seconds, self.errors = LEAF_SECONDS, ERRORS
+        _NODES.add(self)  # its statistics in the gauges and counters read when scraped
 
     def authorize(self, request: Request) -> None:
         scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
@@ -113,7 +124,7 @@ class CacheNode:
             db = self.passing if request.transient else self.db
             return run(db.snapshot(request.table, request.manifest), request)
         finally:
-            self.leaf_seconds.record(time.perf_counter() - start, {"op": request.op})
+            self.leaf_seconds.labels(op=request.op).observe(time.perf_counter() - start)
             self.served += 1
 
     def prefetch(self, body: bytes) -> int:
@@ -202,12 +213,12 @@ def create_app(settings: NodeSettings) -> FastAPI:
 
     @app.exception_handler(SuperfileError)
     async def superfile_error(request: Request, exc: SuperfileError) -> JSONResponse:
-        node.errors.add(1, {"type": type(exc).__name__})
+        node.errors.labels(type=type(exc).__name__).inc()
         return _error(exc.http_status, type(exc).__name__, str(exc))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        node.errors.add(1, {"type": "InternalError"})
+        node.errors.labels(type="InternalError").inc()
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return _error(500, "InternalError", "internal error; see the cache node's log")
 

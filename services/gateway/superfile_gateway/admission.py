@@ -13,10 +13,10 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from superfile.remote.errors import TooManyRequestsError
 
 from superfile_gateway.auth import Principal
+from superfile_gateway.instruments import REJECTED, observe_admission
 
 __all__ = ["Admission"]
 
@@ -24,18 +24,13 @@ __all__ = ["Admission"]
 class Admission:
     """Counts running requests by kind (``sql``, ``search``) and by key; refuses those past a cap."""
 
-    def __init__(self, *, totals: dict[str, int], per_key: int, meter: Meter) -> None:
+    def __init__(self, *, totals: dict[str, int], per_key: int) -> None:
         self.totals = dict(totals)
         self.per_key = per_key
         self._running = dict.fromkeys(totals, 0)
         self._by_key: dict[bytes, int] = {}
         self._lock = threading.Lock()
-        self.rejected = meter.create_counter(
-            "superfile.gateway.rejected", description="Requests refused with 429 by kind and by the cap reached"
-        )
-        meter.create_observable_gauge(
-            "superfile.gateway.running", callbacks=[self._observe], description="Queries running now, by kind"
-        )
+        observe_admission(self)  # superfile_gateway_running
 
     @contextmanager
     def enter(self, kind: str, principal: Principal) -> Iterator[None]:
@@ -51,7 +46,7 @@ class Admission:
                 self._running[kind] += 1
                 self._by_key[key] = self._by_key.get(key, 0) + 1
         if reason:
-            self.rejected.add(1, {"kind": kind, "reason": reason})
+            REJECTED.labels(kind=kind, reason=reason).inc()
             variable = "SUPERFILE_MAX_CONCURRENT_PER_KEY" if reason == "key" else _TOTAL_SETTING[kind]
             raise TooManyRequestsError(f"too many requests: the gateway runs at most {limit} ({variable}); retry later")
         try:
@@ -65,9 +60,10 @@ class Admission:
                 else:
                     del self._by_key[key]
 
-    def _observe(self, _options: CallbackOptions) -> list[Observation]:
+    def running(self) -> dict[str, int]:
+        """Requests running now, by kind."""
         with self._lock:
-            return [Observation(n, {"kind": kind}) for kind, n in self._running.items()]
+            return dict(self._running)
 
 
 _TOTAL_SETTING = {"sql": "SUPERFILE_SQL_MAX_CONCURRENT", "search": "SUPERFILE_SEARCH_MAX_CONCURRENT"}

@@ -8,7 +8,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from opentelemetry.metrics import Counter
+from prometheus_client import Counter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from superfile.errors import SuperfileError
 
@@ -37,28 +37,28 @@ def install_error_handlers(app: FastAPI, errors: Counter) -> None:
     @app.exception_handler(SuperfileError)
     async def superfile_error(request: Request, exc: SuperfileError) -> JSONResponse:
         name = type(exc).__name__
-        errors.add(1, {"type": name})
+        errors.labels(type=name).inc()
         return error_response(exc.http_status, name, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors.add(1, {"type": "InvalidInputError"})
+        errors.labels(type="InvalidInputError").inc()
         if any(e.get("type") == "json_invalid" for e in exc.errors()):
             return error_response(400, "InvalidInputError", "malformed JSON body")
         return error_response(422, "InvalidInputError", _validation_message(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        errors.add(1, {"type": "HTTPException"})
+        errors.labels(type="HTTPException").inc()
         return error_response(exc.status_code, "HTTPException", str(exc.detail))
 
     @app.exception_handler(RecursionError)
     async def too_deep(request: Request, exc: RecursionError) -> JSONResponse:
-        errors.add(1, {"type": "InvalidInputError"})
+        errors.labels(type="InvalidInputError").inc()
         return error_response(400, "InvalidInputError", "the request is nested too deeply to process")
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        errors.add(1, {"type": "InternalError"})
+        errors.labels(type="InternalError").inc()
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(500, "InternalError", "internal error; see the gateway's log")

@@ -50,13 +50,21 @@ from superfile.remote.wire import (
 from superfile.search.request import ExactMatch, SearchRequest, TokenMatch
 from superfile.table import Supertable
 from superfile.table.cleanup import DEFAULT_RETENTION
-from superfile.telemetry import meter, seconds_histogram
+from superfile.telemetry import preset
 
 from superfile_gateway.admission import Admission
 from superfile_gateway.auth import KeyRing, Principal
 from superfile_gateway.forward import QueryService
 from superfile_gateway.guard import InFlight
-from superfile_gateway.instruments import observe_caches, observe_maintenance
+from superfile_gateway.instruments import (
+    ERRORS,
+    QUERY_SECONDS,
+    REQUESTS,
+    WRITE_OPS,
+    WRITE_SECONDS,
+    observe_caches,
+    observe_maintenance,
+)
 from superfile_gateway.models import (
     CleanupRequest,
     CreateTableRequest,
@@ -137,19 +145,16 @@ class Gateway:
         self._pinned: LRUCache[tuple[str, int], Supertable] = LRUCache(maxsize=_PINNED_HANDLES)
         self._lock = threading.Lock()
         self.inflight = InFlight()
-        m = meter("superfile.gateway")
-        self.query_seconds = seconds_histogram(m, "superfile.gateway.query.duration", "Query latency by kind")
-        self.write_seconds = seconds_histogram(
-            m, "superfile.gateway.write.duration", "Write latency by operation (suite mode: until acknowledged)"
-        )
-        self.requests = m.create_counter("superfile.gateway.requests", description="HTTP requests by status")
-        self.errors = m.create_counter("superfile.gateway.errors", description="Error responses by error type")
-        observe_caches(m, self.db.disk_cache)
-        observe_maintenance(m, self.db.maintenance)
+        self.query_seconds = QUERY_SECONDS  # the process's instruments (instruments.py)
+        self.write_seconds = WRITE_SECONDS
+        self.requests = REQUESTS
+        self.errors = ERRORS
+        preset(WRITE_SECONDS, op=WRITE_OPS, mode=(writes.mode,))
+        observe_caches(self.db.disk_cache)
+        observe_maintenance(self.db.maintenance)
         self.admission = Admission(
             totals={"sql": settings.sql_max_concurrent, "search": settings.search_max_concurrent},
             per_key=settings.max_concurrent_per_key,
-            meter=m,
         )
         self.sql = SqlWorkers(
             settings.storage,
@@ -159,7 +164,6 @@ class Gateway:
             memory_bytes=settings.sql_memory_bytes,
             max_rows=settings.max_result_rows,
             admission=self.admission,
-            meter=m,
         )
         self.query_service = (
             QueryService(settings.query_url, settings.internal_token or "", settings.sql_timeout_s + 30.0)
@@ -294,7 +298,7 @@ class Gateway:
                     self.wait_for(table, wait_for)
                 return run(table)
         finally:
-            self.query_seconds.record(time.perf_counter() - start, {"kind": kind})
+            self.query_seconds.labels(kind=kind).observe(time.perf_counter() - start)
 
     def write(self, principal: Principal, name: str, op: str, run: Callable[[Supertable], WriteResult]) -> Response:
         principal.require(name, "w")
@@ -303,7 +307,7 @@ class Gateway:
             with self.using(name):
                 result = run(self.table(name))
         finally:
-            self.write_seconds.record(time.perf_counter() - start, {"op": op, "mode": self.writes.mode})
+            self.write_seconds.labels(op=op, mode=self.writes.mode).observe(time.perf_counter() - start)
         body = {"version": result.version, "position": result.position.token if result.position else None}
         return Response(json.dumps(body).encode(), media_type="application/json")
 
@@ -317,7 +321,7 @@ class Gateway:
             with self.using(name):
                 return run(self.table(name))
         finally:
-            self.write_seconds.record(time.perf_counter() - start, {"op": op, "mode": self.writes.mode})
+            self.write_seconds.labels(op=op, mode=self.writes.mode).observe(time.perf_counter() - start)
 
     def cleanup(self, table: Supertable, req: CleanupRequest) -> dict[str, Any]:
         """``Supertable.cleanup`` with this gateway's floor on the safety margin (``Settings.cleanup_min_age_s``):
@@ -431,7 +435,7 @@ class Gateway:
                         self.wait_for(self.table(name), wait_for)
                 return self.query_service.forward(request, body, principal, drop=("wait_for",))
         finally:
-            self.query_seconds.record(time.perf_counter() - start, {"kind": kind})
+            self.query_seconds.labels(kind=kind).observe(time.perf_counter() - start)
 
     def close(self) -> None:
         if self.query_service is not None:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from opentelemetry.metrics import Counter
+from prometheus_client import Counter
 
 __all__ = ["Guard", "InFlight"]
 
@@ -67,14 +67,9 @@ class Guard:
         finally:
             self.inflight.count -= 1
             route = scope.get("route")
-            self.requests.add(
-                1,
-                {
-                    "method": scope["method"],
-                    "route": getattr(route, "path", "unmatched"),
-                    "status": str(status),
-                },
-            )
+            self.requests.labels(
+                method=scope["method"], route=getattr(route, "path", "unmatched"), status=str(status)
+            ).inc()
 
     async def _buffer(self, receive: Receive) -> tuple[bytes, bool]:
         """The whole body, or what was read when it passed the limit (and True)."""
@@ -99,7 +94,7 @@ class Guard:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        self.errors.add(1, {"type": "PayloadTooLargeError"})
+        self.errors.labels(type="PayloadTooLargeError").inc()
         return 413
 
 

@@ -40,7 +40,6 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import pyarrow as pa
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from starlette.concurrency import run_in_threadpool
 from superfile.connection import Connection
 from superfile.errors import QueryLimitError, SqlError, SuperfileError, TableNotFoundError
@@ -51,6 +50,13 @@ from superfile.table.snapshot import Snapshot
 
 from superfile_gateway.admission import Admission
 from superfile_gateway.auth import Principal
+from superfile_gateway.instruments import (
+    SQL_CANCELLED,
+    SQL_LIMITED,
+    SQL_RESTARTS,
+    SQL_TIMEOUTS,
+    observe_sql_workers,
+)
 
 __all__ = ["SqlWorkers", "VisibleTables", "run_visible"]
 
@@ -108,7 +114,6 @@ class SqlWorkers:
         memory_bytes: int,
         max_rows: int,
         admission: Admission,
-        meter: Meter,
     ) -> None:
         self.storage = storage
         self.connect_options = connect_options
@@ -124,21 +129,9 @@ class SqlWorkers:
         self._started = 0  # live workers, idle or busy
         self._lock = threading.Lock()
         self._closed = False
-        self.timeouts = meter.create_counter(
-            "superfile.gateway.sql.timeouts", description="SQL queries stopped at the time limit"
-        )
-        self.cancelled = meter.create_counter(
-            "superfile.gateway.sql.cancelled", description="SQL queries stopped because their client went away"
-        )
-        self.restarts = meter.create_counter(
-            "superfile.gateway.sql.worker.restarts", description="SQL worker processes replaced, by reason"
-        )
-        self.limited = meter.create_counter(
-            "superfile.gateway.sql.limited", description="SQL queries refused at a limit (memory, rows, text)"
-        )
-        meter.create_observable_gauge(
-            "superfile.gateway.sql.workers", callbacks=[self._observe_workers], description="live SQL worker processes"
-        )
+        self.timeouts, self.cancelled, self.limited = SQL_TIMEOUTS, SQL_CANCELLED, SQL_LIMITED
+        self.restarts = SQL_RESTARTS
+        observe_sql_workers(self)  # superfile_gateway_sql_workers
 
     def limits(self, memory_bytes: int | None, max_rows: int | None) -> SqlLimits:
         """The gateway's limits, tightened by what the client asked for."""
@@ -162,7 +155,7 @@ class SqlWorkers:
                     return await run_in_threadpool(run_visible, self._local(), principal, query, limits)
                 return await self._in_worker(_Job(query, principal, limits), disconnected)
             except QueryLimitError:
-                self.limited.add(1)
+                self.limited.inc()
                 raise
 
     def _local(self) -> Connection:
@@ -191,21 +184,21 @@ class SqlWorkers:
                 if readable.done():
                     break
                 if time.monotonic() > deadline:
-                    self.timeouts.add(1)
+                    self.timeouts.inc()
                     await self._discard(worker, "timeout")
                     raise QueryTimeoutError(
                         f"the query ran longer than the gateway's limit of {self.timeout_s:g} s "
                         "(SUPERFILE_SQL_TIMEOUT_S) and was stopped"
                     )
                 if _resident(worker) > self.rss_limit:
-                    self.limited.add(1)
+                    self.limited.inc()
                     await self._discard(worker, "memory")
                     raise QueryLimitError(
                         f"the query's worker grew past {self.rss_limit} bytes (its share of SUPERFILE_SQL_MEMORY_BYTES)"
                         " and was stopped"
                     )
                 if await disconnected():
-                    self.cancelled.add(1)
+                    self.cancelled.inc()
                     await self._discard(worker, "cancelled")
                     raise QueryTimeoutError("the client went away; the query was stopped")
         except asyncio.CancelledError:  # the server is stopping (past its drain time): stop the query too
@@ -238,7 +231,7 @@ class SqlWorkers:
                 if spawn:
                     self._started += 1
             for worker in dead:
-                self.restarts.add(1, {"reason": "crashed"})
+                self.restarts.labels(reason="crashed").inc()
                 await asyncio.to_thread(_stop, worker)
             if idle is not None:
                 return idle
@@ -250,13 +243,13 @@ class SqlWorkers:
                         self._started -= 1
                     raise
             if time.monotonic() > deadline:
-                self.timeouts.add(1)
+                self.timeouts.inc()
                 raise QueryTimeoutError(
                     f"no SQL worker came free within the gateway's limit of {self.timeout_s:g} s "
                     "(SUPERFILE_SQL_TIMEOUT_S)"
                 )
             if await disconnected():
-                self.cancelled.add(1)
+                self.cancelled.inc()
                 raise QueryTimeoutError("the client went away before the query started")
             await asyncio.sleep(_POLL_S)
 
@@ -285,11 +278,12 @@ class SqlWorkers:
         """Kill ``worker`` (its slot is free for a new one); its exit code."""
         with self._lock:
             self._started -= 1
-        self.restarts.add(1, {"reason": reason})
+        self.restarts.labels(reason=reason).inc()
         return await asyncio.to_thread(_stop, worker)
 
-    def _observe_workers(self, _options: CallbackOptions) -> list[Observation]:
-        return [Observation(self._started)]
+    def live_workers(self) -> int:
+        """Worker processes alive now, idle or busy."""
+        return self._started
 
     def close(self) -> None:
         """Kill every worker (a query still running gets no answer: the server is shutting down)."""

@@ -1,21 +1,24 @@
-"""The ingest job's Prometheus metrics, from Spark's own progress reports.
+"""The ingest job's Prometheus metrics (docs/ingest.md, "Metrics"), from Spark's own progress reports.
 
 A ``StreamingQueryListener`` on the driver turns each micro-batch's
-``StreamingQueryProgress`` into OpenTelemetry instruments (rendered by
+``StreamingQueryProgress`` into Prometheus instruments (served by
 ``superfile.telemetry``), whatever the sink: the data source's publishing
 runs in a Python worker process Spark starts, where counters of our own would
-be lost, but every sink's progress reaches the driver. Exported names
-(Prometheus adds ``_total`` to counters and the unit suffix), each with a
-``query`` label (the streaming query's name; ``stream_files`` names it after
-the table):
+be lost, but every sink's progress reaches the driver. The instruments are
+made when this module is imported, so the job lists every one before its first
+micro-batch; each series has a ``query`` label (the streaming query's name;
+``stream_files`` names it after the table), and a query's start adds its
+series at zero:
 
-- ``superfile_ingest_rows`` and ``..._batches``: rows and micro-batches
-  published;
-- ``..._batch_seconds``: a micro-batch's duration, reading and publishing;
-- ``..._input_rows_per_second`` / ``..._processed_rows_per_second``: the
-  arrival and processing rates of the last micro-batch (the job falls behind
-  while the first exceeds the second);
-- ``..._failed_queries``: queries that ended with an error.
+- ``superfile_ingest_rows_total`` and ``superfile_ingest_batches_total``: rows
+  and micro-batches published;
+- ``superfile_ingest_batch_seconds``: a micro-batch's duration, reading and
+  publishing;
+- ``superfile_ingest_input_rows_per_second`` /
+  ``superfile_ingest_processed_rows_per_second``: the arrival and processing
+  rates of the last micro-batch (the job falls behind while the first exceeds
+  the second);
+- ``superfile_ingest_failed_queries_total``: queries that ended with an error.
 
 How far the builder is behind the log is the builder's
 ``superfile_builder_lag_records``.
@@ -24,49 +27,74 @@ How far the builder is behind the log is the builder's
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from opentelemetry.metrics import CallbackOptions, Observation
+from prometheus_client import Counter
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
-from superfile.telemetry import meter, seconds_histogram
+from superfile.telemetry import Observed, seconds_histogram
 
 __all__ = ["IngestMetrics", "instrument"]
+
+ROWS = Counter("superfile_ingest_rows", "rows of completed micro-batches", ["query"])
+BATCHES = Counter("superfile_ingest_batches", "completed micro-batches", ["query"])
+BATCH_SECONDS = seconds_histogram("superfile_ingest_batch_seconds", "one micro-batch, end to end", ["query"])
+FAILED = Counter("superfile_ingest_failed_queries", "queries ended by an error", ["query"])
+_LISTENERS: weakref.WeakSet[IngestMetrics] = weakref.WeakSet()
+
+
+def _rate(index: int) -> Callable[[], Mapping[tuple[str, ...], float]]:
+    def read() -> Mapping[tuple[str, ...], float]:
+        return {(query,): pair[index] for listener in list(_LISTENERS) for query, pair in listener.rates().items()}
+
+    return read
+
+
+Observed(
+    "superfile_ingest_input_rows_per_second", "arrival rate over the last micro-batch", _rate(0), labelnames=["query"]
+)
+Observed(
+    "superfile_ingest_processed_rows_per_second",
+    "processing rate over the last micro-batch",
+    _rate(1),
+    labelnames=["query"],
+)
 
 
 class IngestMetrics(StreamingQueryListener):
     """Records every streaming query's progress of one Spark session."""
 
     def __init__(self) -> None:
-        m = meter("superfile.ingest")
-        self.rows = m.create_counter("superfile_ingest_rows", description="rows of completed micro-batches")
-        self.batches = m.create_counter("superfile_ingest_batches", description="completed micro-batches")
-        self.batch_seconds = seconds_histogram(m, "superfile_ingest_batch_seconds", "one micro-batch, end to end")
-        self.failed = m.create_counter("superfile_ingest_failed_queries", description="queries ended by an error")
+        self.rows, self.batches, self.batch_seconds, self.failed = ROWS, BATCHES, BATCH_SECONDS, FAILED
         self._lock = threading.Lock()
         self._rates: dict[str, tuple[float, float]] = {}  # query -> (input, processed) rows/s, last batch
-        for name, index, description in (
-            ("superfile_ingest_input_rows_per_second", 0, "arrival rate over the last micro-batch"),
-            ("superfile_ingest_processed_rows_per_second", 1, "processing rate over the last micro-batch"),
-        ):
-            m.create_observable_gauge(name, callbacks=[self._rate(index)], description=description)
         self._names: dict[str, str] = {}  # query id -> name, for the termination event (which has no name)
+        _LISTENERS.add(self)
+
+    def rates(self) -> dict[str, tuple[float, float]]:
+        """Per query, the arrival and processing rates of its last micro-batch (rows/s)."""
+        with self._lock:
+            return dict(self._rates)
 
     def onQueryStarted(self, event: Any) -> None:
+        name = event.name or str(event.id)
         with self._lock:
-            self._names[str(event.id)] = event.name or str(event.id)
+            self._names[str(event.id)] = name
+        for metric in (ROWS, BATCHES, BATCH_SECONDS, FAILED):  # the query's series, at zero from its start
+            metric.labels(query=name)
 
     def onQueryProgress(self, event: Any) -> None:
         progress = event.progress
-        labels = {"query": progress.name or str(progress.id)}
+        query = progress.name or str(progress.id)
         rows = int(progress.numInputRows)
         if rows:  # a trigger that found no new input is not a micro-batch worth counting
-            self.rows.add(rows, labels)
-            self.batches.add(1, labels)
-            self.batch_seconds.record(progress.batchDuration / 1000, labels)
+            self.rows.labels(query=query).inc(rows)
+            self.batches.labels(query=query).inc()
+            self.batch_seconds.labels(query=query).observe(progress.batchDuration / 1000)
         with self._lock:
-            self._rates[labels["query"]] = (
+            self._rates[query] = (
                 float(progress.inputRowsPerSecond or 0.0),
                 float(progress.processedRowsPerSecond or 0.0),
             )
@@ -78,16 +106,7 @@ class IngestMetrics(StreamingQueryListener):
         with self._lock:
             name = self._names.pop(str(event.id), str(event.id))
         if event.exception:
-            self.failed.add(1, {"query": name})
-
-    def _rate(self, index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            with self._lock:
-                rates = list(self._rates.items())
-            for query, pair in rates:
-                yield Observation(pair[index], {"query": query})
-
-        return observe
+            self.failed.labels(query=name).inc()
 
 
 _lock = threading.Lock()

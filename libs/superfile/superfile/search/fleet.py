@@ -17,6 +17,7 @@ See docs/query.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import socket
@@ -26,7 +27,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -37,10 +38,12 @@ from superfile.errors import CacheNodeUnavailableError, InvalidOptionError, Supe
 from superfile.expressions import Predicate
 from superfile.remote.errors import error_from_response
 from superfile.remote.wire import ARROW_STREAM, from_ipc
-from superfile.search.leaf import PARTS, LeafRequest
+from superfile.search.leaf import OPS, PARTS, LeafRequest
 from superfile.search.placement import assign, rank
 from superfile.table.snapshot import Snapshot
-from superfile.telemetry import meter, seconds_histogram
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Histogram
 
 __all__ = ["Fleet", "Member"]
 
@@ -51,6 +54,38 @@ _HEDGE_FLOOR_S = 0.02  # never hedge a call sooner than this
 _ROUNDS = 3  # a share goes round every node at most this often before the read fails
 _SLOW_STRIKES = 3  # hedges in a row another node wins before a node rests from placement
 _SLOW_REST_S = 10.0  # how long it rests
+
+
+@dataclass(frozen=True)
+class _FleetMetrics:
+    leaf_seconds: Histogram
+    width: Histogram
+    retries: Counter
+    hedges: Counter
+    failures: Counter
+
+
+@functools.cache
+def _metrics() -> _FleetMetrics:
+    """The query root's metrics (docs/query.md), made with the process's first fleet (a query root makes it at
+    start): only the processes that fan out list them, and ``import superfile`` loads no metrics library."""
+    from prometheus_client import Counter, Histogram
+
+    from superfile.telemetry import preset, seconds_histogram
+
+    leaf_seconds = seconds_histogram("superfile_query_leaf_duration_seconds", "Leaf request latency by op", ["op"])
+    preset(leaf_seconds, op=sorted(OPS))
+    return _FleetMetrics(
+        leaf_seconds=leaf_seconds,
+        width=Histogram(
+            "superfile_query_fanout_width",
+            "Cache nodes one read fanned out to",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128),
+        ),
+        retries=Counter("superfile_query_leaf_retries", "Leaf calls sent to the next node"),
+        hedges=Counter("superfile_query_leaf_hedges", "Leaf calls hedged after the p95"),
+        failures=Counter("superfile_query_leaf_failures", "Leaf calls without an answer"),
+    )
 
 
 @dataclass
@@ -103,16 +138,7 @@ class Fleet:
         self._strikes: dict[str, int] = {}  # per node: hedges in a row that another node won
         self._slow_until: dict[str, float] = {}  # nodes resting for being slow, until then (they keep their share)
         self._names: dict[str, str] = {}  # address -> the name it resolves back to (a pod's stable DNS name)
-        m = meter("superfile.query")
-        self._leaf_seconds = seconds_histogram(m, "superfile.query.leaf.duration", "Leaf request latency by op")
-        self._width = m.create_histogram(
-            "superfile.query.fanout.width",
-            description="Cache nodes one read fanned out to",
-            explicit_bucket_boundaries_advisory=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128),
-        )
-        self._retries = m.create_counter("superfile.query.leaf.retries", description="Leaf calls sent to the next node")
-        self._hedged = m.create_counter("superfile.query.leaf.hedges", description="Leaf calls hedged after the p95")
-        self._failures = m.create_counter("superfile.query.leaf.failures", description="Leaf calls without an answer")
+        self._metrics = _metrics()
         self._stop = threading.Event()
         self.refresh()
         self._checker = threading.Thread(target=self._check_loop, name="superfile-fleet-health", daemon=True)
@@ -216,10 +242,10 @@ class Fleet:
                 "POST", f"{url}/v1/leaf", body=json.dumps(request.to_json()).encode(), timeout=left
             )
         except urllib3.exceptions.HTTPError as e:
-            self._failures.add(1)
+            self._metrics.failures.inc()
             raise _NoAnswer(f"{url}: {e}") from None
         took = time.perf_counter() - start
-        self._leaf_seconds.record(took, {"op": request.op})
+        self._metrics.leaf_seconds.labels(op=request.op).observe(took)
         if response.status == 200:
             if response.headers.get("content-type", "").startswith(ARROW_STREAM):
                 return from_ipc(response.data)
@@ -227,7 +253,7 @@ class Fleet:
             return answer
         error = error_from_response(response.status, response.data)
         if response.status >= 500 and not isinstance(error, SuperfileMissingError):
-            self._failures.add(1)
+            self._metrics.failures.inc()
             raise _NoAnswer(f"{url}: {error}") from error
         raise error
 
@@ -254,7 +280,7 @@ class Fleet:
             self._struck(url, lost=False)
             return primary.result()
         assert backup is not None
-        self._hedged.add(1)
+        self._metrics.hedges.inc()
         self._latencies.append(p95)
         # the backup owns none of the share: it reads what the work needs and keeps no copies
         hedge = replace(request, transient=True)
@@ -305,7 +331,7 @@ class Fleet:
                 raise CacheNodeUnavailableError(
                     f"no cache node answered for {len(paths)} superfiles of {snap.files.name!r} (last: {e})"
                 ) from None
-            self._retries.add(1)
+            self._metrics.retries.inc()
             log.warning("cache node %s gave no answer (%s); its share goes to the next nodes", url, e)
             out: list[Any] = []
             for node, share in assign(paths, rest).items():
@@ -321,7 +347,7 @@ class Fleet:
         groups = [(url, share) for url, share in self.placement(paths).items() if share]
         if not groups:
             raise CacheNodeUnavailableError("the query service knows no cache node")
-        self._width.record(len(groups))
+        self._metrics.width.observe(len(groups))
 
         def one(group: tuple[str, list[str]]) -> list[Any]:
             return self._share(snap, group[0], group[1], op, args, frozenset({group[0]}), deadline)

@@ -26,5 +26,5 @@ async def sql(gw: GW, req: SqlRequest, request: Request, p: Auth) -> Response:
         limits = gw.sql.limits(req.memory_limit_bytes, req.max_rows)
         result = await gw.sql.run(req.query, p, limits, request.is_disconnected)
     finally:
-        gw.query_seconds.record(time.perf_counter() - start, {"kind": "sql"})
+        gw.query_seconds.labels(kind="sql").observe(time.perf_counter() - start)
     return await run_in_threadpool(encode, request, result)  # up to max_result_rows: not on the event loop
