@@ -117,8 +117,9 @@ def test_a_log_on_object_storage_keeps_the_builder_close(
             def publish(p: int) -> None:
                 log = EventLog(broker[-1].url)
                 try:
-                    for seq in range(1, each + 1):
-                        position = log.publish(_event("t", f"p{p}", seq))
+                    deadline = time.monotonic() + 120
+                    for seq in range(1, each + 1):  # a send the broker refused is sent again, as in the tests below
+                        position = _publish_until_acknowledged(log, _event("t", f"p{p}", seq), deadline)
                     last.append(position)
                 finally:
                     log.close()
