@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import superfile
-from superfile.api import Catalog, Table
 from fleet_support import API_KEY, aws_env, running_fleet, s3_bucket
+from superfile.api import Catalog, Table
 from superfile.errors import (
     InvalidInputError,
     InvalidOptionError,
