@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from superfile.remote.wire import ARROW_STREAM
@@ -25,6 +25,7 @@ from superfile_gateway.gateway import At, Gateway, parse_as_of
 from superfile_gateway.guard import Guard
 from superfile_gateway.routes import RESOURCES, forward
 from superfile_gateway.settings import Settings
+from superfile_gateway.strict_json import strict_body
 from superfile_gateway.writes import WritePath
 
 __all__ = ["At", "Gateway", "create_app", "parse_as_of"]
@@ -50,6 +51,7 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         lifespan=lifespan,
         # The gateway's own instruments cover requests; FastAPI's per-request telemetry would double the cost.
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        dependencies=[Depends(strict_body)],  # JSON bodies with NaN or infinities are a 400 on every route
     )
     app.state.gateway = gw
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Response
 
 from superfile_gateway.deps import GW, Auth, ReadAt, WaitFor
 from superfile_gateway.models import CreateTableRequest
@@ -23,9 +22,12 @@ def list_tables(gw: GW, p: Auth, namespace: str | None = None) -> dict[str, list
 
 
 @router.post("/tables", status_code=201)
-def create_table(gw: GW, req: CreateTableRequest, p: Auth) -> JSONResponse:
+def create_table(gw: GW, req: CreateTableRequest, p: Auth, response: Response) -> dict[str, Any]:
+    """201 with the new table's description, or 200 with the existing one's (``exist_ok``)."""
     table, created = gw.create(p, req)
-    return JSONResponse({**gw.describe(table), "created": created}, status_code=201 if created else 200)
+    if not created:
+        response.status_code = 200
+    return {**gw.describe(table), "created": created}  # serialized as every answer is: NaN and infinities as null
 
 
 @router.get("/tables/{name}")

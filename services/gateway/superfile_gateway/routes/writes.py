@@ -3,7 +3,6 @@ here; in suite mode they are events on the table's log (``superfile_gateway.writ
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -15,16 +14,12 @@ from superfile.table import Supertable
 
 from superfile_gateway.deps import GW, Auth, RequestKey, Wait
 from superfile_gateway.models import DeleteRequest, RestoreRequest
+from superfile_gateway.strict_json import loads
 from superfile_gateway.writes import WriteResult
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["writes"])
-
-
-def _not_json(constant: str) -> Any:
-    """Python's parser takes NaN and Infinity, which JSON does not have: a strict client never sends them."""
-    raise InvalidInputError(f"{constant} is not JSON: send null for a missing number")
 
 
 def _rows(request: Request, body: bytes) -> tuple[Any, dict[str, Any]]:
@@ -35,10 +30,7 @@ def _rows(request: Request, body: bytes) -> tuple[Any, dict[str, Any]]:
         return from_ipc(body), {}
     if ctype not in ("", "application/json"):
         raise InvalidInputError(f"unsupported content type {ctype!r}: send application/json or {ARROW_STREAM}")
-    try:
-        doc = json.loads(body, parse_constant=_not_json)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidInputError(f"malformed JSON body: {e}") from None
+    doc = loads(body)  # NaN and infinities refused, as in every JSON body
     if isinstance(doc, list):
         return doc, {}
     if isinstance(doc, dict) and isinstance(doc.get("rows"), list):
