@@ -40,6 +40,16 @@ $(K8S_STAMP): $(STAMP) tests/chart/install_helm.py
 
 install-test: $(K8S_STAMP)
 
+# The page tests' browser (tests/e2e/gateway/test_gateway_pages.py): Debian's chromium, driven by Playwright through
+# its executable path (Playwright's own browser download cannot reach its host from these machines).
+BROWSER_STAMP := $(VENV)/.installed-browser
+$(BROWSER_STAMP): $(STAMP)
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+	$(BIN)/pip install -q 'playwright>=1.65,<2'
+	@touch $@
+
+install-test: $(BROWSER_STAMP)
+
 run: install
 	$(BIN)/superfile demo --uri file://./data --serve --port $(or $(PORT),8000)
 

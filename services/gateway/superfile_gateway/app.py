@@ -2,8 +2,8 @@
 
 ``create_app(settings)`` builds it; ``python -m superfile_gateway`` (or ``superfile serve``) serves it with
 uvicorn. The state behind the routes is one ``Gateway`` (``gateway.py``); the routes are routers by resource
-(``routes/``), the errors' answers in ``errors.py``. The process's own endpoints (health, readiness, metrics) are
-here, beside the app they report on.
+(``routes/``), the errors' answers in ``errors.py``, the pages (docs, playground) in ``pages.py``. The process's
+own endpoints (health, readiness, metrics) are here, beside the app they report on.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from superfile_gateway.auth import RedactKeysInUrls
 from superfile_gateway.errors import install_error_handlers
 from superfile_gateway.gateway import At, Gateway, parse_as_of
 from superfile_gateway.guard import Guard
+from superfile_gateway.pages import install_pages
 from superfile_gateway.routes import RESOURCES, forward
 from superfile_gateway.settings import Settings
 from superfile_gateway.strict_json import strict_body
@@ -51,6 +52,8 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         lifespan=lifespan,
         # The gateway's own instruments cover requests; FastAPI's per-request telemetry would double the cost.
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        docs_url=None,  # /docs and /redoc come from pages.py, with packaged assets instead of a CDN's
+        redoc_url=None,
         dependencies=[Depends(strict_body)],  # JSON bodies with NaN or infinities are a 400 on every route
     )
     app.state.gateway = gw
@@ -88,6 +91,7 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         app.include_router(forward.router)  # first: in place of the embedded reads below
     for router in RESOURCES:
         app.include_router(router)
+    install_pages(app)  # /docs, /redoc and the playground at /
 
     app.add_middleware(
         Guard,
