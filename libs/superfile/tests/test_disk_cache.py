@@ -59,8 +59,8 @@ def test_remote_superfiles_are_read_from_local_copies(s3_table: tuple[str, pa.Ta
     # another connection (as another process would) opens the copies without fetching anything
     again = superfile.connect(uri, cache_dir=str(tmp_path))
     assert again.open_table("t").to_arrow(["id", "text"]).sort_by("id") == rows
-    assert again._disk_cache is not None and again._disk_cache.fetches == 0
-    assert conn._disk_cache is not None and conn._disk_cache.fetches == 4
+    assert again.disk_cache is not None and again.disk_cache.fetches == 0
+    assert conn.disk_cache is not None and conn.disk_cache.fetches == 4
 
 
 def test_budget_keeps_the_most_recently_used_copies(s3_table: tuple[str, pa.Table], tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_budget_keeps_the_most_recently_used_copies(s3_table: tuple[str, pa.Tabl
     entries = sorted(table._snapshot.entries(), key=lambda e: e.id_min)
     for entry in entries:  # opened one after another: the oldest copies make room
         table._files.open(entry)
-    cache = conn._disk_cache
+    cache = conn.disk_cache
     assert cache is not None
     files, used = cache.usage()
     assert files == 2 and used <= budget
@@ -91,7 +91,7 @@ def test_a_copy_removed_under_an_open_reader_costs_a_fetch_only(s3_table: tuple[
     assert table.bm25_search("text", "cached", k=400).num_rows == 400  # full-text indexes of evicted copies still open
     fresh = superfile.connect(uri, cache_dir=str(tmp_path), cache_budget_bytes=1)
     assert fresh.open_table("t").to_arrow(["id"]).num_rows == 400
-    assert fresh._disk_cache is not None and fresh._disk_cache.fetches >= 3
+    assert fresh.disk_cache is not None and fresh.disk_cache.fetches >= 3
 
 
 def test_a_damaged_copy_is_fetched_again(s3_table: tuple[str, pa.Table], tmp_path: Path) -> None:
@@ -105,7 +105,7 @@ def test_a_damaged_copy_is_fetched_again(s3_table: tuple[str, pa.Table], tmp_pat
         f.write(bytes([byte[0] ^ 0xFF]))
     conn = superfile.connect(uri, cache_dir=str(tmp_path))
     assert conn.open_table("t").to_arrow(["id", "text"]).sort_by("id") == rows
-    assert conn._disk_cache is not None and conn._disk_cache.fetches == 1
+    assert conn.disk_cache is not None and conn.disk_cache.fetches == 1
 
 
 def test_concurrent_opens_fetch_once(s3_table: tuple[str, pa.Table], tmp_path: Path) -> None:
@@ -128,10 +128,10 @@ def test_local_and_memory_tables_and_a_zero_budget_use_no_cache(s3_table: tuple[
     uri, rows = s3_table
     off = superfile.connect(uri, cache_dir=str(tmp_path), cache_budget_bytes=0)
     assert off.open_table("t").to_arrow(["id", "text"]).sort_by("id") == rows
-    assert off._disk_cache is None and not (tmp_path / "superfiles").exists()
+    assert off.disk_cache is None and not (tmp_path / "superfiles").exists()
     assert off.open_table("t").stats()["cache_budget_bytes"] == 0
     for local in (f"file://{tmp_path / 'store'}", f"memory://{uuid.uuid4().hex}"):
-        assert superfile.connect(local, cache_dir=str(tmp_path))._disk_cache is None
+        assert superfile.connect(local, cache_dir=str(tmp_path)).disk_cache is None
 
 
 @pytest.mark.parametrize("budget", [-1, "1GB", True, 1.5])
@@ -168,7 +168,7 @@ def test_memory_budget_advises_the_coldest_mappings_out(s3_table: tuple[str, pa.
     budget = max(sizes) * 2 + min(sizes) // 2  # two mappings resident, not three
     conn = superfile.connect(uri, cache_dir=str(tmp_path), cache_memory_bytes=budget)
     table = conn.open_table("t")
-    cache = conn._disk_cache
+    cache = conn.disk_cache
     assert cache is not None and cache.memory_budget_bytes == budget
     entries = sorted(table._snapshot.entries(), key=lambda e: e.id_min)
     for entry in entries:  # each open checks every byte (verify), so its whole mapping is resident
