@@ -83,6 +83,10 @@ class TableOptions:
     manifest_part_max_bytes: int = 4 * 1024 * 1024
     manifest_eager_max_parts: int = 8
     commit_max_attempts: int = 40
+    # a write of at most this many rows commits a level-0 superfile: no full-text or vector index (searched
+    # exactly, table/exact.py) until compaction merges it into an indexed one; 0 (for now the default): every
+    # write builds them. 5000 is the measured choice (docs/maintenance.md, "Small writes: level 0")
+    level0_max_rows: int = 0
 
     def __post_init__(self) -> None:
         for name, tok in self.fts_columns.items():
@@ -105,6 +109,12 @@ class TableOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+        if (
+            not isinstance(self.level0_max_rows, int)
+            or isinstance(self.level0_max_rows, bool)
+            or self.level0_max_rows < 0
+        ):
+            raise InvalidOptionError(f"level0_max_rows must be a non-negative integer, got {self.level0_max_rows!r}")
         if not self.max_staleness_s >= 0:
             raise InvalidOptionError(f"max_staleness_s must be >= 0, got {self.max_staleness_s!r}")
 

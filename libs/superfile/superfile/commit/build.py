@@ -1,5 +1,10 @@
 """Build: each shard becomes one superfile (Parquet + full-text + vector indexes) on the build pool,
-is uploaded, and is summarized into its manifest entry."""
+is uploaded, and is summarized into its manifest entry.
+
+A *level-0* superfile (``indexed=False``: what a small write commits, ``TableOptions.level0_max_rows``) is
+built without the full-text and vector indexes: its vectors stay in Parquet, its entry has no text or vector
+summary, so every reader searches it exactly (``table/exact.py``) and compaction rewrites it with the indexes
+(``table/optimize.py``). Scalar indexes, statistics and the ``_id`` section are built as for any superfile."""
 
 from __future__ import annotations
 
@@ -22,7 +27,9 @@ from superfile.pools import build_pool
 __all__ = ["build_shards", "superfile_spec"]
 
 
-def superfile_spec(options: TableOptions) -> SuperfileSpec:
+def superfile_spec(options: TableOptions, *, indexed: bool = True) -> SuperfileSpec:
+    if not indexed:
+        return SuperfileSpec()
     return SuperfileSpec(
         fts_columns=dict(options.fts_columns),
         vector_columns={
@@ -80,22 +87,24 @@ def scalar_index_kinds(rows: pa.Table, options: TableOptions) -> dict[str, str]:
 
 
 def _build_one(
-    shard: Shard, spec: SuperfileSpec, options: TableOptions, storage: Storage, schema_id: int
+    shard: Shard, spec: SuperfileSpec, options: TableOptions, storage: Storage, schema_id: int, indexed: bool
 ) -> SuperfileEntry:
     built = build_superfile(shard.rows, replace(spec, scalar_indexes=scalar_index_kinds(shard.rows, options)))
     path = f"data/{uuid.uuid4().hex}.parquet"
     storage.write(path, built.data)
-    return replace(summarize(shard.rows, built, path, shard.partition, options), schema_id=schema_id)
+    entry = summarize(shard.rows, built, path, shard.partition, options, indexed=indexed)
+    return replace(entry, schema_id=schema_id)
 
 
 def build_shards(
-    shards: Sequence[Shard], options: TableOptions, storage: Storage, schema_id: int = 0
+    shards: Sequence[Shard], options: TableOptions, storage: Storage, schema_id: int = 0, *, indexed: bool = True
 ) -> list[SuperfileEntry]:
     """Build and upload every shard in parallel. Uploaded files stay invisible until a commit names them.
     ``schema_id``: the table schema the rows were coerced to (``options`` are that schema's): the entries
-    record it, so a schema change that lands before they publish still reads their columns right."""
-    spec = superfile_spec(options)
+    record it, so a schema change that lands before they publish still reads their columns right.
+    ``indexed=False``: level-0 superfiles, without the full-text and vector indexes (module docstring)."""
+    spec = superfile_spec(options, indexed=indexed)
     if len(shards) == 1:
-        return [_build_one(shards[0], spec, options, storage, schema_id)]
-    futures = [build_pool().submit(_build_one, s, spec, options, storage, schema_id) for s in shards]
+        return [_build_one(shards[0], spec, options, storage, schema_id, indexed)]
+    futures = [build_pool().submit(_build_one, s, spec, options, storage, schema_id, indexed) for s in shards]
     return [f.result() for f in futures]

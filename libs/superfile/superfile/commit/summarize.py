@@ -23,8 +23,16 @@ def vectors_of(rows: pa.Table, column: str) -> np.ndarray:
 
 
 def summarize(
-    rows: pa.Table, built: BuiltSuperfile, path: str, partition: str | None, options: TableOptions
+    rows: pa.Table,
+    built: BuiltSuperfile,
+    path: str,
+    partition: str | None,
+    options: TableOptions,
+    *,
+    indexed: bool = True,
 ) -> SuperfileEntry:
+    """``indexed=False``: a level-0 superfile, built without its full-text and vector indexes; its entry has no
+    text or vector summary, which is how every reader knows to search it exactly (``table/exact.py``)."""
     ids = rows.column(ID)
     mm = pc.min_max(ids)
     return SuperfileEntry(
@@ -36,8 +44,10 @@ def summarize(
         footer_crc32=built.footer_crc32,
         sections=dict(built.sections),
         stats={n: column_stats(rows.column(n)) for n in rows.column_names if n not in options.vector_columns},
-        text={c: text_summary(built.terms.get(c, [])) for c in options.fts_columns},
-        vectors={c: vector_summary(vectors_of(rows, c), v.metric) for c, v in options.vector_columns.items()},
+        text={c: text_summary(built.terms.get(c, [])) for c in options.fts_columns} if indexed else {},
+        vectors={c: vector_summary(vectors_of(rows, c), v.metric) for c, v in options.vector_columns.items()}
+        if indexed
+        else {},
         partition=partition,
         added_version=0,
         fts_tokens={c: total for c, (_, total) in built.fts_stats.items()},

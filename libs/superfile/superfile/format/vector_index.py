@@ -449,11 +449,15 @@ def quantize_query(q: _Floats, scales: _Floats) -> tuple[npt.NDArray[np.int8], n
 
 
 def exact_distances(v: _Floats, q: _Floats, norms: _Floats, metric: str) -> _Floats:
-    """Distances under ``metric`` from q to the rows ``v`` (a gathered copy: l2 overwrites it) of norms ``norms``."""
+    """Distances under ``metric`` from q to the rows ``v`` (a gathered copy: l2 overwrites it) of norms ``norms``.
+
+    Each row's distance is computed the same way wherever the row sits in ``v`` (einsum, not a BLAS
+    matrix-vector product, whose rounding depends on the row's position in its block), so the index's rerank,
+    the union's and the exact kernel's (``table/exact.py``) agree bit for bit."""
     if metric == "l2":
         v -= q
         return np.einsum("ij,ij->i", v, v)
-    dots = v @ q
+    dots = np.einsum("ij,j->i", v, q)
     return 1.0 - (dots / norms if metric == "cosine" else dots)
 
 

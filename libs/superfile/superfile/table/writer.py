@@ -311,7 +311,10 @@ class Transaction:
         rows = self._buffer.take()
         if rows.num_rows:
             shards = shard(rows, self._options, build_threads())
-            built = build_shards(shards, self._options, self._table.files.storage, schema_id(self._schema))
+            # a small write commits level-0 superfiles: no full-text or vector index until compaction
+            indexed = rows.num_rows > self._options.level0_max_rows
+            sid = schema_id(self._schema)
+            built = build_shards(shards, self._options, self._table.files.storage, sid, indexed=indexed)
             self._flushed.extend(built)
 
     def _count_staged(self, predicate: Predicate) -> int:
