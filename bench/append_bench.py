@@ -5,6 +5,15 @@
 Each system runs in its own process (peak RSS is its own). LanceDB's time
 includes building its full-text and vector indexes, as superfile builds both
 inside every commit. Prints and saves medians to bench/results/append.json.
+
+Small writes (``--small``): a table with a full-text and a vector column gets a
+seed load (``--seed-rows``, both systems build both indexes there), then
+``--appends`` appends of ``--append-rows`` rows and ``--deletes`` deletes of one
+row (``doc_id = x``), each timed alone; medians (ms) per system, each system in
+its own process, the systems alternating ``--repeat`` times in one run.
+Saves bench/results/small_writes.json.
+
+    .venv/bin/python bench/append_bench.py --small --repeat 3
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -68,6 +78,106 @@ def child_lancedb(path: str, rows: int, batch_rows: int) -> dict[str, float]:
     }
 
 
+def _small_workload(seed_rows: int, appends: int, append_rows: int, deletes: int) -> tuple[Any, list[Any], list[int]]:
+    import pyarrow as pa
+
+    total = seed_rows + appends * append_rows
+    rows = pa.concat_tables(list(repeated(total, total)))
+    small = [rows.slice(seed_rows + i * append_rows, append_rows) for i in range(appends)]
+    step = max(1, total // max(deletes, 1))
+    return rows.slice(0, seed_rows), small, [(i * step * 7919) % total for i in range(deletes)]
+
+
+def _ms(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    return {"p50_ms": median(s), "p90_ms": s[int(0.9 * (len(s) - 1))], "mean_ms": sum(s) / len(s)}
+
+
+def child_small(
+    system: str, target: str, seed_rows: int, appends: int, append_rows: int, deletes: int, level0: int
+) -> dict[str, Any]:
+    seed, small, doomed = _small_workload(seed_rows, appends, append_rows, deletes)
+    if system == "lancedb-small":
+        import lancedb
+
+        db = lancedb.connect(target)
+        t = db.create_table("bench", seed)
+        t.create_fts_index("text")
+        t.create_index(metric="cosine", vector_column_name="embedding", index_type="IVF_PQ")
+        add, remove = t.add, t.delete
+    else:
+        import superfile
+
+        db = superfile.connect(target)
+        t = db.create_table(
+            "bench",
+            seed.schema,
+            fts_columns=["text"],
+            vector_columns={"embedding": {"dim": 384}},
+            level0_max_rows=level0,
+        )
+        t.append(seed)
+        add, remove = t.append, t.delete
+    for b in small[:3]:  # warm-up: imports, caches, the first commit's lazy paths
+        add(b)
+    append_ms = []
+    for b in small[3:]:
+        t0 = time.perf_counter()
+        add(b)
+        append_ms.append((time.perf_counter() - t0) * 1000)
+    delete_ms = []
+    for x in doomed:
+        t0 = time.perf_counter()
+        remove(f"doc_id = {x}")
+        delete_ms.append((time.perf_counter() - t0) * 1000)
+    out: dict[str, Any] = {"append": _ms(append_ms), "delete": _ms(delete_ms), "rows": t.count_rows()}
+    if system != "lancedb-small":
+        out["unindexed_superfiles"] = t.stats()["unindexed_superfiles"]
+    return out
+
+
+def main_small(args: argparse.Namespace) -> None:
+    systems = ["superfile-small", "lancedb-small"]
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    shape = [str(args.seed_rows), str(args.appends), str(args.append_rows), str(args.deletes), str(args.level0)]
+    for _ in range(args.repeat):
+        for system in systems:
+            work = tempfile.mkdtemp(prefix="sfbench-")
+            target = (
+                (f"file://{work}" + ("?fsync=false" if args.fsync == "off" else ""))
+                if system.startswith("superfile")
+                else work
+            )
+            runs[system].append(run_isolated(Path(__file__), "--small-child", system, target, *shape))
+            shutil.rmtree(work, ignore_errors=True)
+            print(system, runs[system][-1], flush=True)
+    summary: dict[str, Any] = {}
+    for s, rs in runs.items():
+        summary[s] = {op: median([r[op]["p50_ms"] for r in rs]) for op in ("append", "delete")}
+        summary[s]["runs"] = rs
+    for op in ("append", "delete"):
+        summary[f"{op}_ratio_vs_lancedb"] = summary["superfile-small"][op] / summary["lancedb-small"][op]
+    summary["config"] = {
+        "seed_rows": args.seed_rows,
+        "appends": args.appends,
+        "append_rows": args.append_rows,
+        "deletes": args.deletes,
+        "repeat": args.repeat,
+        "level0_max_rows": args.level0,
+        "fsync": args.fsync,
+    }
+    save("small_writes" if args.fsync == "on" else "small_writes_nofsync", summary)
+    print(
+        json.dumps(
+            {
+                k: v if not isinstance(v, dict) else {a: b for a, b in v.items() if a != "runs"}
+                for k, v in summary.items()
+            },
+            indent=2,
+        )
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, default=1_000_000)
@@ -75,7 +185,22 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--systems", default="superfile-file,superfile-s3,lancedb")
     p.add_argument("--child", nargs=2, metavar=("SYSTEM", "TARGET"))
+    p.add_argument("--small", action="store_true", help="small writes: 20-row appends and 1-row deletes")
+    p.add_argument("--seed-rows", type=int, default=5000)
+    p.add_argument("--appends", type=int, default=100)
+    p.add_argument("--append-rows", type=int, default=20)
+    p.add_argument("--deletes", type=int, default=50)
+    p.add_argument("--level0", type=int, default=5000, help="superfile's level0_max_rows (0: index every write)")
+    p.add_argument("--fsync", choices=("on", "off"), default="on", help="superfile's file:// fsyncs")
+    p.add_argument("--small-child", nargs=7)
     args = p.parse_args()
+    if args.small_child:
+        system, target, *shape = args.small_child
+        print(json.dumps(child_small(system, target, *map(int, shape))))
+        return
+    if args.small:
+        main_small(args)
+        return
     if args.child:
         system, target = args.child
         fn = child_lancedb if system == "lancedb" else child_superfile
