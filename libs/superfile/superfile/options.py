@@ -115,8 +115,8 @@ class TableOptions:
             or self.level0_max_rows < 0
         ):
             raise InvalidOptionError(f"level0_max_rows must be a non-negative integer, got {self.level0_max_rows!r}")
-        if not self.max_staleness_s >= 0:
-            raise InvalidOptionError(f"max_staleness_s must be >= 0, got {self.max_staleness_s!r}")
+        if not 0 <= self.max_staleness_s < float("inf"):  # finite: options travel as strict JSON
+            raise InvalidOptionError(f"max_staleness_s must be finite and >= 0, got {self.max_staleness_s!r}")
 
     def check_schema(self, schema: pa.Schema) -> None:
         """Indexed columns must exist and have the right type."""

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 import superfile
 from gateway_helpers import error_of, state
+from superfile.errors import InvalidOptionError
 from superfile_gateway import BackgroundServer
 
 ADMIN = {"Authorization": "Bearer admin-key"}
@@ -35,8 +36,8 @@ def strict(response: httpx.Response) -> Any:
 
 @pytest.fixture(scope="module")
 def floats(engine: superfile.Connection, server: BackgroundServer) -> str:
-    """A table whose float columns hold NaN and infinities next to ordinary values (vectors may not), and whose
-    ``max_staleness_s`` option is infinite (a table created in-process may have one)."""
+    """A table whose float columns hold NaN and infinities next to ordinary values (vectors may not); table
+    options cannot be infinite (they travel as strict JSON)."""
     fields: list[pa.Field] = [
         pa.field("id", pa.int64()),
         pa.field("title", pa.string()),
@@ -45,9 +46,9 @@ def floats(engine: superfile.Connection, server: BackgroundServer) -> str:
         pa.field("emb", pa.list_(pa.float32(), 3)),
     ]
     schema = pa.schema(fields)
-    table = engine.create_table(
-        "floats", schema, fts_columns=["title"], vector_columns={"emb": 3}, max_staleness_s=math.inf
-    )
+    with pytest.raises(InvalidOptionError):
+        engine.create_table("floats", schema, max_staleness_s=math.inf)
+    table = engine.create_table("floats", schema, fts_columns=["title"], vector_columns={"emb": 3})
     nan, inf = float("nan"), float("inf")
     table.append(
         {
@@ -103,13 +104,13 @@ def test_results_are_strict_json(http: httpx.Client, floats: str) -> None:
         response = http.get(path, headers=ADMIN)
         assert response.status_code == 200, (path, response.text)
         strict(response)
-    # the describe answers of create_table (exist_ok) and of GET agree: the infinite option is null in both
+    # the describe answers of create_table (exist_ok) and of GET agree, and both are strict
     again = http.post(
         "/tables", headers=ADMIN, json={"name": "floats", "schema": [{"name": "id", "type": "int64"}], "exist_ok": True}
     )
     described = strict(http.get("/tables/floats", headers=ADMIN))
     assert again.status_code == 200, again.text
-    assert strict(again)["options"] == described["options"] and described["options"]["max_staleness_s"] is None
+    assert strict(again)["options"] == described["options"]
 
 
 def _raw(token: str) -> dict[str, tuple[str, str, bytes]]:
