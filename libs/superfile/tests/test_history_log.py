@@ -135,7 +135,7 @@ def test_the_old_format_is_refused_with_the_upgrade_hint_and_upgraded(
 
     with pytest.raises(UpgradeRequiredError, match=f"superfile upgrade {uri} t"):
         superfile.connect(uri).open_table("t")
-    assert main(["upgrade", uri, "t"]) == 0  # the command the error names
+    assert main(["upgrade", uri, "t", "--format", "json"]) == 0  # the command the error names
     assert json.loads(capsys.readouterr().out) == {"table": "t", "version": 72}
     assert superfile.connect(uri).upgrade_table("t") == 72  # already current: nothing to do
     t = superfile.connect(uri).open_table("t")
