@@ -50,7 +50,9 @@ $(BROWSER_STAMP): $(STAMP)
 
 install-test: $(BROWSER_STAMP)
 
+# superfile is installed in $(BIN); make cannot change the calling shell's PATH, so it says how (README.md).
 run: install
+	@echo "superfile: $(abspath $(BIN))/superfile (in another shell, 'source $(BIN)/activate' puts it on PATH)"
 	$(BIN)/superfile demo --uri file://./data --serve --port $(or $(PORT),8000)
 
 # The library and every service package: what the type check and the dead-code check cover.

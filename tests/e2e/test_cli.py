@@ -322,6 +322,64 @@ def test_append_commits_a_whole_file_once_or_not_at_all(tmp_path: Path) -> None:
     assert "append big" not in _run("append", root, "big", str(good)).stderr  # no bar when stderr is no terminal
 
 
+def test_readme_says_how_to_put_superfile_on_path() -> None:
+    """Defect: after ``make run`` the README used ``superfile`` that was not on PATH. It says to activate the
+    environment ``make run`` installs into, and that puts ``superfile`` on PATH."""
+    setup = _shell_lines(ROOT / "README.md")
+    activate = [line for line in setup if ".venv/bin/activate" in line]
+    assert activate and setup.index(activate[0]) < min(i for i, s in enumerate(setup) if s.startswith("superfile "))
+    assert setup[setup.index(activate[0]) - 1].startswith("make run")
+    if BIN != ROOT / ".venv" / "bin":
+        pytest.skip(f"the tests run from {BIN}, not from the checkout's .venv")
+    found = subprocess.run(
+        ["bash", "-c", f"{activate[0]}\ncommand -v superfile"],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert found.stdout.strip() == str(ROOT / ".venv" / "bin" / "superfile"), found.stderr
+    assert "activate" in (ROOT / "Makefile").read_text().split("\nrun:")[1].split("\n\n")[0]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/cli.md"])
+def test_documented_examples_run_against_the_demo_table(doc: str, demo: Path) -> None:
+    """Defect: the README's examples used a table ``docs``; the demo makes ``cranfield``. Every ``superfile``
+    line of the document's shell blocks runs, in order, against the demo's table (``file://./data`` from the
+    directory ``make run`` runs in), and through a gateway for an http:// one."""
+    lines = [line for line in _shell_lines(ROOT / doc) if re.match(r"(\w+=\S*\s+)*superfile\s", line)]
+    assert len(lines) >= 5
+    (demo / "examples").symlink_to(ROOT / "examples")
+    settings = Settings(storage=f"file://{demo / 'data'}", api_keys=parse_api_keys("k1:*:rw"))
+    env = _env(PATH=f"{BIN}:{os.environ['PATH']}")
+    with BackgroundServer(settings) as server:
+        for line in lines:
+            if re.search(r"superfile (serve|demo)\b", line):
+                continue  # they run until stopped / rebuild the table; make run and the tests above run them
+            command = line.replace("http://127.0.0.1:8000", server.url)
+            done = subprocess.run(
+                ["bash", "-o", "pipefail", "-c", command],
+                cwd=demo,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+            assert done.returncode == 0, f"{doc}: {line}\n{done.stderr}"
+            assert done.stdout or "--output" in line, f"{doc}: {line} printed nothing"
+
+
+def _shell_lines(path: Path) -> list[str]:
+    """The commands of the ```sh blocks of a Markdown file, continuation lines joined."""
+    out: list[str] = []
+    for block in re.findall(r"^```(?:sh|bash|shell)\n(.*?)^```", path.read_text(), re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                out.append(line.strip())
+    return out
+
+
 # -- reads ----------------------------------------------------------------------------------------------------------
 def test_searches_answer_as_the_api(demo: Path) -> None:
     uri = f"file://{demo / 'data'}"
