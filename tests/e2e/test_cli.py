@@ -603,8 +603,6 @@ def test_version_and_help_on_every_option() -> None:
     sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     missing = []
     for name, command in sub.choices.items():
-        if name == "serve":
-            continue  # the gateway's (superfile_gateway.cli), tested with it
         assert command.description and command.format_help().startswith(f"usage: superfile {name}"), name
         for action in command._actions:
             if action.help is None or not action.help.strip():

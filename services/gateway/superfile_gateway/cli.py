@@ -23,12 +23,14 @@ __all__ = ["register", "serve_command"]
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to the ``superfile`` command's subparsers (the ``superfile.commands`` entry point)."""
     sv: argparse.ArgumentParser = subparsers.add_parser(
-        "serve", help="serve the tables over HTTP (REST gateway, embedded mode)"
+        "serve",
+        help="serve the tables over HTTP (REST gateway, embedded mode)",
+        description="Serve the tables below URI over HTTP: the REST gateway in embedded mode (docs/gateway.md).",
     )
     sv.set_defaults(fn=serve_command, api_keys=None)
     sv.add_argument("uri", help="storage URI, e.g. file://./data or s3://bucket/prefix")
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    sv.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     sv.add_argument("--max-body-bytes", type=int, default=64 << 20, help="larger request bodies get 413")
     sv.add_argument("--cache-dir", help="disk cache of superfiles read from s3:// (default: under TMPDIR)")
     sv.add_argument("--cache-budget-bytes", type=int, default=DEFAULT_BUDGET_BYTES, help="its size on disk (0: none)")
