@@ -192,7 +192,8 @@ def test_append_and_read(table: Table) -> None:
     assert rows.to_pylist() == [{"key": k, "title": TITLES[k % 6]} for k in (12, 13, 14)]
     emb = table.to_arrow(columns=["emb"], where="key = 1").column("emb")[0].as_py()
     assert emb == pytest.approx([0.0, 1.0, 0.1, 0.0])
-    assert sorted(table.to_arrow().column("_id").to_pylist()) == list(range(15))
+    ids: list[Any] = table.to_arrow().column("_id").to_pylist()
+    assert sorted(ids) == list(range(15))
     ops = [v["operation"] for v in table.versions()]
     assert ops == ["create", "append", "append"]
     assert table.stats()["row_count"] == 15
@@ -201,7 +202,7 @@ def test_append_and_read(table: Table) -> None:
 def test_bm25_and_prefix(table: Table) -> None:
     result = table.bm25_search("title", "supersonic boundary", k=5, projection=["key", "title"])
     assert result.column_names == ["_id", "score", "key", "title"]
-    scores = result.column("score").to_pylist()
+    scores: list[Any] = result.column("score").to_pylist()
     assert scores == sorted(scores, reverse=True) and len(result) == 5
     assert set(_keys(result)[:2]) == {0, 6}  # "supersonic boundary layer" has both terms
     every = table.bm25_search("title", "supersonic boundary", k=20, mode="all", projection=["key"])
@@ -233,7 +234,7 @@ def test_vector_search(table: Table) -> None:
     nearest = table.vector_search("emb", np.array([1.0, 0.0, 0.0, 0.0]), k=3, projection=["key"])
     assert nearest.column_names == ["_id", "score", "key"]
     assert _keys(nearest)[0] in (0, 4, 8) and set(_keys(nearest)) == {0, 4, 8}
-    distances = nearest.column("score").to_pylist()
+    distances: list[Any] = nearest.column("score").to_pylist()
     assert distances == sorted(distances)
     filtered = table.vector_search(
         "emb", [1.0, 0.0, 0.0, 0.0], k=3, filter={"column": "title", "query": "flutter"}, projection=["key"]
@@ -251,7 +252,7 @@ def test_hybrid_search(db: Catalog, table: Table) -> None:
     fused = table.hybrid_search("title", "flutter", "emb", q, k=4, projection=["key"])
     assert fused.column_names == ["_id", "score", "key"]
     assert fused.schema.field("score").type == pa.float64()
-    scores = fused.column("score").to_pylist()
+    scores: list[Any] = fused.column("score").to_pylist()
     assert len(fused) == 4 and scores == sorted(scores, reverse=True)
     assert _keys(fused)[0] == 3 and scores[0] > scores[1]  # key 3: "flutter" and nearest to the query's axis
     sql = db.sql(f"SELECT key, score FROM hybrid_search('{table.name}', 'title', 'flutter', 'emb', {q}, 4)")
@@ -435,7 +436,7 @@ def test_cleanup(db: Catalog) -> None:
     with pytest.raises(InvalidOptionError):
         t.cleanup(-1)
     with pytest.raises(InvalidOptionError):
-        t.cleanup("a week")
+        t.cleanup("a week")  # type: ignore[arg-type]
     with pytest.raises(InvalidOptionError):
         t.cleanup(0, safety_margin=-1)
     with pytest.raises(ReadOnlyTableError):
@@ -518,14 +519,15 @@ def test_versions_and_as_of(db: Catalog, table: Table) -> None:
         db.open_table(table.name, as_of=history[0]["timestamp_ms"] - 1)  # before the table existed
     with pytest.raises(InvalidOptionError):
         db.open_table(table.name, 2, as_of=history[0]["timestamp_ms"])
-    assert table.checkout(as_of=np.int64(history[1]["timestamp_ms"])).version >= 2
+    assert table.checkout(as_of=np.int64(history[1]["timestamp_ms"])).version >= 2  # type: ignore[arg-type]
     with pytest.raises(InvalidOptionError):
         table.checkout()
     with pytest.raises(InvalidInputError):
-        table.checkout(as_of="yesterday")
+        table.checkout(as_of="yesterday")  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError):
         table.checkout(as_of=float("nan"))
-    for bad in (0, "2", True):
+    bads: tuple[Any, ...] = (0, "2", True)
+    for bad in bads:
         with pytest.raises(InvalidInputError):
             db.open_table(table.name, bad)
         with pytest.raises(InvalidInputError):
