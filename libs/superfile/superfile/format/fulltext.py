@@ -54,7 +54,9 @@ __all__ = [
     "FullTextIndex",
     "analyzer_name",
     "build_fulltext",
+    "corpus_df",
     "global_top_k",
+    "idf",
     "make_analyzer",
     "value_hash",
 ]
@@ -734,16 +736,12 @@ class _GlobalPlan:
                 if required:
                     clauses.append((occur, tantivy.Query.const_score_query(q, 0.0)))
                 continue
-            df_glob = stats.doc_freq.get(t)
-            if df_glob is None or not 0 <= df_glob <= n_glob:
-                raise InvalidOptionError(
-                    f"corpus doc_freq of {t!r} is {df_glob}: it must be between 0 and N ({n_glob})"
-                )
+            df_glob = corpus_df(stats, t, n_glob)
             if df_glob == 0:  # only rows the corpus does not count (deleted ones) hold the term
                 if required:
                     return None
                 continue
-            idf_glob, idf_local = _idf(n_glob, df_glob), _idf(index.num_docs, df)
+            idf_glob, idf_local = idf(n_glob, df_glob), idf(index.num_docs, df)
             scored.append(t)
             freqs.append(df)
             boosts.append(w * idf_glob / idf_local)
@@ -810,8 +808,17 @@ class _GlobalPlan:
         return np.asarray(part.sum(axis=0), np.float64)
 
 
-def _idf(n: int, df: int) -> float:
+def idf(n: int, df: int) -> float:
+    """BM25's inverse document frequency (tantivy's, Lucene's): of a term in ``df`` of ``n`` documents."""
     return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+
+def corpus_df(stats: CorpusStats, term: str, n: int) -> int:
+    """The table-wide document frequency of ``term``, checked against the corpus size ``n``."""
+    df = stats.doc_freq.get(term)
+    if df is None or not 0 <= df <= n:
+        raise InvalidOptionError(f"corpus doc_freq of {term!r} is {df}: it must be between 0 and N ({n})")
+    return df
 
 
 def _invert_tf(score: np.ndarray, weight: np.ndarray, norm: np.ndarray, error: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ import pyroaring
 
 from superfile._lru import LRU
 from superfile.errors import InvalidOptionError
-from superfile.format.fulltext import Candidates, CorpusStats, make_analyzer
+from superfile.format.fulltext import Candidates, CorpusStats, corpus_df, idf, make_analyzer
 from superfile.format.tantivy_files import FIELDNORMS
 from superfile.format.vector_index import exact_distances
 
@@ -139,17 +139,13 @@ class ExactText:
                 if required:
                     return None
                 continue
-            df_glob = stats.doc_freq.get(t)
-            if df_glob is None or not 0 <= df_glob <= n_glob:
-                raise InvalidOptionError(
-                    f"corpus doc_freq of {t!r} is {df_glob}: it must be between 0 and N ({n_glob})"
-                )
+            df_glob = corpus_df(stats, t, n_glob)
             if df_glob == 0:  # only rows the corpus does not count (deleted ones) hold the term
                 if required:
                     return None
                 continue
             rows, tf = found
-            weight = math.log(1 + (n_glob - df_glob + 0.5) / (df_glob + 0.5)) * (_K1 + 1)
+            weight = idf(n_glob, df_glob) * (_K1 + 1)
             score[rows] += weight * tf / (tf + norm[rows])
             hits[rows] += 1
             scored += 1
