@@ -98,7 +98,8 @@ def test_reads_of_a_table_that_does_not_exist_write_nothing(
 def test_names_are_matched_in_full(client: httpx.Client, in_url: str, name: str) -> None:
     assert client.get(f"/tables/{in_url}/stats").status_code in (400, 404)
     owner = {"authorization": f"Bearer {WRITE_KEY}"}
-    assert client.delete(f"/tables/{in_url}", headers=owner).status_code in (400, 404)
+    # "/tables/.." is normalised to "/" by the client: DELETE on the playground page is a 405, no table route
+    assert client.delete(f"/tables/{in_url}", headers=owner).status_code in (400, 404, 405)
     created = client.post("/tables", json={"name": name, "schema": [{"name": "x", "type": "int64"}]}, headers=owner)
     assert created.status_code == 400, created.text
 
