@@ -43,7 +43,8 @@ from superfile_suite import free_port
 QUERY = {"column": "text", "k": 10, "projection": ["id", "title"]}
 
 
-def _serve(uri: str, key: str) -> tuple[subprocess.Popen[bytes], str]:
+def serve(uri: str, key: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``superfile serve`` on ``uri`` in its own process, read-only key ``key``; its URL once it answers."""
     port = free_port()
     env = {**os.environ, "SUPERFILE_API_KEYS": f"{key}:*:r"}
     cmd = [str(Path(sys.executable).with_name("superfile")), "serve", uri, "--port", str(port)]
@@ -70,7 +71,7 @@ def run(rounds: int) -> dict[str, Any]:
         )
         local.append(docs)
         key = secrets.token_urlsafe(18)
-        proc, url = _serve(uri, key)
+        proc, url = serve(uri, key)
         try:
             conn = superfile.connect(url, api_key=key)
             remote = conn.open_table("cranfield")

@@ -18,42 +18,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import superfile
 from common import SAMPLE, median, percentile
-from superfile_suite import free_port
+from gateway_bench import serve
 
 QUERY = {"text_column": "text", "vector_column": "embedding", "k": 10, "projection": ["id", "title"]}
-
-
-def _serve(uri: str, key: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    env = {**os.environ, "SUPERFILE_API_KEYS": f"{key}:*:r"}
-    cmd = [str(Path(sys.executable).with_name("superfile")), "serve", uri, "--port", str(port)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("the gateway did not start within 30 s")
 
 
 def run(rounds: int) -> dict[str, Any]:
@@ -68,7 +48,7 @@ def run(rounds: int) -> dict[str, Any]:
         )
         local.append(docs)
         key = secrets.token_urlsafe(18)
-        proc, url = _serve(uri, key)
+        proc, url = serve(uri, key)
         try:
             conn = superfile.connect(url, api_key=key)
             remote = conn.open_table("cranfield")
