@@ -95,24 +95,16 @@ class TableRoot:
 
     def table_names(self, namespace: str | None = None) -> list[str]:
         """Names of every table (full dotted names), or of the tables directly in ``namespace``; sorted."""
-        suffix = "/" + POINTER
-        names = [
-            info.path[: -len(suffix)]
-            for info in self.storage.list("")
-            if info.path.endswith(suffix) and info.path.count("/") == 1
-        ]
         if namespace is not None:
             self.require_namespace(check_name(namespace, "namespace"))
-            names = [n for n in names if namespace_of(n) == namespace]
-        return sorted(names)
+        return sorted(n for n in self._tables() if namespace is None or namespace_of(n) == namespace)
 
     # -- namespaces: a marker object each; a table's files stay at its full dotted name ------------------
     def namespaces(self, parent: str | None = None) -> list[str]:
         """Every namespace (full dotted names), or the ones directly inside ``parent``; sorted."""
         if parent is not None:
             self.require_namespace(check_name(parent, "namespace"))
-        names = [info.path[len(NAMESPACES) :] for info in self.storage.list(NAMESPACES)]
-        return sorted(n for n in names if parent is None or namespace_of(n) == parent)
+        return sorted(n for n in self._namespaces() if parent is None or namespace_of(n) == parent)
 
     def require_namespace(self, name: str | None) -> None:
         """Raise NamespaceNotFoundError unless ``name`` (None: the root) exists."""
@@ -131,12 +123,22 @@ class TableRoot:
 
     def drop_namespace(self, name: str) -> None:
         """Remove an empty namespace (no tables, no namespaces inside)."""
-        check_name(name, "namespace")
-        self.require_namespace(name)
-        inside = self.table_names(name) + self.namespaces(name)
+        self.require_namespace(check_name(name, "namespace"))
+        inside = [n for n in (*self._tables(), *self._namespaces()) if namespace_of(n) == name]
         if inside:
-            raise NamespaceNotEmptyError(f"namespace {name!r} is not empty: it holds {inside[:5]}")
+            raise NamespaceNotEmptyError(f"namespace {name!r} is not empty: it holds {sorted(inside)[:5]}")
         self.storage.delete(NAMESPACES + name)
+
+    def _tables(self) -> list[str]:
+        suffix = "/" + POINTER
+        return [
+            info.path[: -len(suffix)]
+            for info in self.storage.list("")
+            if info.path.endswith(suffix) and info.path.count("/") == 1
+        ]
+
+    def _namespaces(self) -> list[str]:
+        return [info.path[len(NAMESPACES) :] for info in self.storage.list(NAMESPACES)]
 
     def open(self, name: str, consistency: str | None = None) -> Supertable:
         """A handle on ``name`` at its latest version; a table in an older format is refused with the

@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+from superfile.errors import NamespaceExistsError
 from superfile.validate import check_name
 
 from superfile_gateway.deps import GW, Auth
@@ -34,9 +35,13 @@ def list_namespaces(gw: GW, p: Auth, parent: str | None = None) -> dict[str, lis
 @router.post("/namespaces", status_code=201)
 def create_namespace(gw: GW, req: CreateNamespaceRequest, p: Auth) -> JSONResponse:
     p.require(check_name(req.name, "namespace"), "w")
-    existed = req.name in gw.db.list_namespaces()
-    gw.db.create_namespace(req.name, exist_ok=req.exist_ok)
-    return JSONResponse({"name": req.name, "created": not existed}, status_code=200 if existed else 201)
+    try:
+        gw.db.create_namespace(req.name)
+    except NamespaceExistsError:
+        if not req.exist_ok:
+            raise
+        return JSONResponse({"name": req.name, "created": False}, status_code=200)
+    return JSONResponse({"name": req.name, "created": True}, status_code=201)
 
 
 @router.delete("/namespaces/{name}")
