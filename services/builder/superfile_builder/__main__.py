@@ -135,7 +135,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--retention-s",
         type=float,
         default=7 * 86400.0,
-        help="cleanup keeps versions and unreferenced files younger than this (at least an hour)",
+        help="cleanup keeps versions and unreferenced files younger than this (at least --cleanup-min-age-s)",
+    )
+    p.add_argument(
+        "--cleanup-min-age-s",
+        type=float,
+        default=3600.0,
+        help="the least --retention-s accepted: it also protects the files of commits in flight, so it must exceed "
+        "the longest commit or compaction (lower it only for short-lived tables, e.g. a soak test)",
     )
     p.add_argument("--lease-ms", type=int, default=5000, help="lease ttl: a dead builder's tables wait this long")
     p.add_argument("--rescan-ms", type=int, default=5000, help="how often storage is listed for new tables")
@@ -151,8 +158,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if args.lease_ms < 100:
         p.error("--lease-ms must be at least 100")
-    if args.cleanup_interval_s < 0 or args.retention_s < 3600:
-        p.error("--cleanup-interval-s must be >= 0 and --retention-s at least 3600 (commits in flight are that young)")
+    if args.cleanup_interval_s < 0 or args.cleanup_min_age_s <= 0:
+        p.error("--cleanup-interval-s must be >= 0 and --cleanup-min-age-s positive")
+    if args.retention_s < args.cleanup_min_age_s:
+        p.error(
+            f"--retention-s ({args.retention_s:g}) is below --cleanup-min-age-s ({args.cleanup_min_age_s:g}): "
+            "cleanup could delete the files of commits in flight"
+        )
     if args.compact_small_files < 0:
         p.error("--compact-small-files must be 0 (off) or positive")
     if args.compact_target_rows is not None and args.compact_target_rows < 1:

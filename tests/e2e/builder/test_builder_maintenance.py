@@ -277,3 +277,17 @@ def test_compaction_process_reads_s3_superfiles_through_the_given_cache(
     assert len(list((tmp_path / "superfiles").iterdir())) == 4  # the copies the process read
     with pytest.raises(SystemExit):
         parse_args(["--storage", s3_uri, "--kafka", "k:1", "--redis", "redis://r", "--cache-budget-bytes", "-1"])
+
+
+def test_retention_below_the_cleanup_floor_is_refused() -> None:
+    """--retention-s is also the safety margin for files of commits in flight: it may not go below
+    --cleanup-min-age-s (an hour unless lowered, as the soak does for a 30-minute run)."""
+    base = ["--storage", "file:///x", "--kafka", "k:1", "--redis", "redis://r"]
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--retention-s", "600"])
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--retention-s", "100", "--cleanup-min-age-s", "120"])
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--cleanup-min-age-s", "0"])
+    args = parse_args([*base, "--retention-s", "180", "--cleanup-min-age-s", "120"])
+    assert (args.retention_s, args.cleanup_min_age_s) == (180, 120)
