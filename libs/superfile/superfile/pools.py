@@ -3,15 +3,22 @@
 Separate pools keep background writes from starving foreground reads (spec,
 Concurrency). Sizes default to the core count and can be set with
 ``SUPERFILE_BUILD_THREADS`` / ``SUPERFILE_QUERY_THREADS``.
+
+A search spreads its own work over several threads only while cores are
+idle (:func:`searching`): with as many searches in flight as cores, each runs
+on its caller's thread, since handing work between threads costs CPU that the
+other searches need (a node's cost is its CPU seconds per query).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
-__all__ = ["build_pool", "build_threads", "query_pool", "query_threads"]
+__all__ = ["build_pool", "build_threads", "query_pool", "query_threads", "search_pool", "searching"]
 
 _lock = threading.Lock()
 _pools: dict[str, ThreadPoolExecutor] = {}
@@ -36,6 +43,30 @@ def build_pool() -> ThreadPoolExecutor:
 
 def query_pool() -> ThreadPoolExecutor:
     return _pool("query", "SUPERFILE_QUERY_THREADS")
+
+
+def search_pool() -> ThreadPoolExecutor:
+    """Threads for a search's independent halves (hybrid's two retrievers): not the query pool, whose kernels
+    those halves wait on."""
+    return _pool("search", "SUPERFILE_QUERY_THREADS")
+
+
+_in_flight = 0
+
+
+@contextmanager
+def searching() -> Iterator[bool]:
+    """Count a search in flight for its duration; yields whether it may spread over other threads: while no
+    more than half the query threads' worth of searches run (alone, on 2 cores)."""
+    global _in_flight
+    with _lock:
+        _in_flight += 1
+        spread = 2 * _in_flight <= query_threads()
+    try:
+        yield spread
+    finally:
+        with _lock:
+            _in_flight -= 1
 
 
 def query_threads() -> int:

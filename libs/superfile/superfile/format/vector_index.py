@@ -46,6 +46,7 @@ __all__ = [
     "build_vector_index",
     "exact_distances",
     "quantize_query",
+    "smallest",
 ]
 
 METRICS: Final = ("cosine", "l2", "dot")
@@ -63,6 +64,9 @@ _METRIC_CODES: Final = {"cosine": 0, "l2": 1, "dot": 2}
 _HNSW_DTYPES: Final = ("f32", "f16", "bf16")
 _MAX_ROWS: Final = 2**32 - 1  # row offsets are uint32, like the roaring bitmaps that filter them
 _ASSIGN_CHUNK: Final = 8192  # rows per k-means assignment matmul: bounds the (chunk, nlist) scratch
+# smallest(): a sample of every count-th key; its 8th smallest value has rank ~8x count, and is below count
+# only if 8 samples fell among the count smallest keys, where 1 is expected (p ~ 1e-5: then all keys are used)
+_SAMPLE_RANK: Final = 7
 
 _Floats = npt.NDArray[np.float32]
 _Ints = npt.NDArray[np.int64]
@@ -312,7 +316,7 @@ class VectorIndex:
                 chunk = pos[s : s + _GATHER_CHUNK]
                 rows = np.take(self._codes, chunk, axis=0, out=buf[: len(chunk)], mode="clip")
                 dots[s : s + len(chunk)] = np.asarray(nk.dots_packed(rows, packed)).reshape(-1)
-            pos = pos[_smallest(self._keys(dots, qscale, pos), want)]
+            pos = pos[smallest(self._keys(dots, qscale, pos), want)]
         return self._rerank(q, pos, k)
 
     def _rerank(self, q: _Floats, pos: _Ints, k: int) -> tuple[_Ints, _Floats]:
@@ -324,7 +328,7 @@ class VectorIndex:
             # aligned, and take on an unaligned float32 view is ~1000x slower (1.7 ms for 40 rows)
             dist[s : s + len(chunk)] = exact_distances(self._vecs[chunk], q, self._norms[chunk], self.metric)
         rows = self._row_ids[pos].astype(np.int64) if self.kind == "ivf" else pos
-        keep = _smallest(dist, k)
+        keep = smallest(dist, k)
         order = keep[np.lexsort((rows[keep], dist[keep]))]
         return rows[order], dist[order]
 
@@ -377,7 +381,7 @@ class VectorIndex:
             allowed = flt.mask[pos]
             keys, pos = keys[allowed], pos[allowed]
         if len(pos) > want:
-            pos = pos[_smallest(keys, want)]
+            pos = pos[smallest(keys, want)]
         return self._rerank(q, pos, k)
 
     def _hnsw_search(self, q: _Floats, k: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
@@ -461,11 +465,27 @@ def exact_distances(v: _Floats, q: _Floats, norms: _Floats, metric: str) -> _Flo
     return 1.0 - (dots / norms if metric == "cosine" else dots)
 
 
-def _smallest(keys: npt.NDArray[Any], count: int) -> _Ints:
-    """Indices of the ``count`` smallest keys, unordered."""
-    if len(keys) <= count:
-        return np.arange(len(keys))
-    return np.argpartition(keys, count - 1)[:count]
+def smallest(keys: npt.NDArray[Any], count: int) -> _Ints:
+    """Indices of the ``count`` smallest keys in ascending index order, ties at the cut to the lower index.
+
+    One full ``argpartition`` of the ~30k first-pass keys of a 1M-row search took ~0.3 ms, a tenth of the
+    query; a strided sample's few smallest values bound the answer instead, so only the keys at or below that
+    bound (~8x ``count``) are partitioned. The tie rule makes the answer one set whichever way it is found."""
+    n = len(keys)
+    if n <= count or count <= 0:
+        return np.arange(min(n, max(count, 0)))
+    found: _Ints | None = None
+    if count >= 2 and n >= 4 * (_SAMPLE_RANK + 1) * count:
+        bound = np.partition(keys[::count], _SAMPLE_RANK)[_SAMPLE_RANK]
+        found = np.flatnonzero(keys <= bound)
+        if len(found) < count:  # an unlucky sample: fall back to every key
+            found = None
+    if found is None:
+        found = np.arange(n)
+    held = keys[found]
+    cut = np.partition(held, count - 1)[count - 1]
+    below = found[held < cut]
+    return np.sort(np.concatenate((below, found[held == cut][: count - len(below)])))
 
 
 # -- build -------------------------------------------------------------------------------------

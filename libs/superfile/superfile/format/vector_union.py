@@ -12,10 +12,11 @@ subset of its parts, as one IVF index whose lists are all the parts' lists:
    (its own default when not given), widened for a part whose probed lists
    hold fewer than ``k`` rows: the lists ``VectorIndex.search`` probes;
 2. **first pass**: the int8 kernel over every run of adjacent probed lists
-   into one buffer, half the runs on a second thread when the caller lends a
-   pool and no other search is scanning (the kernel releases the GIL); the
-   parts' codes have their own scales, so the dot products are rescaled onto
-   one scale (``qscale``) and compare across parts;
+   into one buffer, on the caller's thread (the kernel releases the GIL, so
+   concurrent searches use every core; splitting one search over two threads
+   cut its latency but cost CPU that concurrent searches needed); the parts'
+   codes have their own scales, so the dot products are rescaled onto one
+   scale (``qscale``) and compare across parts;
 3. **rerank**: exact float32 distances for the ``rerank`` best first-pass
    candidates of all the parts together (default: the largest of the parts'
    defaults). The first pass ranks across parts, so the budget is per search,
@@ -28,17 +29,15 @@ goes through ``VectorIndex.search``, which pushes the filter into its ranking.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from collections.abc import Sequence
 from functools import cached_property
-from typing import TypeVar, cast
+from typing import cast
 
 import numkong as nk
 import numpy as np
 import numpy.typing as npt
 
-from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances, quantize_query
+from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances, quantize_query, smallest
 
 __all__ = ["VectorUnion"]
 
@@ -46,10 +45,6 @@ __all__ = ["VectorUnion"]
 # busy second core: 4,000 centroids took 2.1 ms in one product under load, 0.2 ms in chunks like these.
 _CHUNK = 1024
 
-# Rows scanned before half of them go to a second thread: ~3 MB of codes, ~0.4 ms, against ~30 us of handoff.
-_SPLIT_ROWS = 8192
-
-T = TypeVar("T")
 _Floats = npt.NDArray[np.float32]
 _Ints = npt.NDArray[np.int64]
 
@@ -90,13 +85,11 @@ class VectorUnion:
         *,
         nprobe: int | None = None,
         rerank: int | None = None,
-        pool: Executor | None = None,
     ) -> list[tuple[int, _Ints, _Floats]]:
         """The ``k`` nearest rows over ``parts``: (part, row offsets, distances) per part with hits.
 
         ``nprobe`` is per part, as for ``VectorIndex.search`` (None: each part's default); ``rerank`` is for
-        the whole search (None: the largest of the parts' defaults). The query is checked like there. With a
-        ``pool``, a thread of it may scan half the probed lists.
+        the whole search (None: the largest of the parts' defaults). The query is checked like there.
         """
         q = self._first_part.prepare_query(query)
         chosen = np.unique(np.asarray(parts, np.int64))
@@ -105,11 +98,9 @@ class VectorUnion:
         probes = self._probes(q, chosen, k, nprobe)
         if not len(probes):  # parts without rows
             return []
-        with _Searching() as alone:
-            keys, runs = self._first_pass(q, probes, pool if alone else None)
+        keys, runs = self._first_pass(q, probes)
         want = max(rerank or int(self._rerank_default[chosen].max()), k)
-        best = np.arange(len(keys)) if len(keys) <= want else np.sort(np.argpartition(keys, want - 1)[:want])
-        return self._rerank(q, *_locate(best, runs), k)  # sorted: still in (part, position) order
+        return self._rerank(q, *_locate(smallest(keys, want), runs), k)  # ascending: in (part, position) order
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -145,7 +136,7 @@ class VectorUnion:
             wider.append(grid[i, order[: max(int(count[i]), int(np.searchsorted(seen, k)) + 1)]])
         return np.sort(np.concatenate(wider))
 
-    def _first_pass(self, q: _Floats, probes: _Ints, pool: Executor | None) -> tuple[npt.NDArray[np.float64], _Runs]:
+    def _first_pass(self, q: _Floats, probes: _Ints) -> tuple[npt.NDArray[np.float64], _Runs]:
         """int8 scores of every row in the probed lists on one scale (smaller is nearer), and the runs of rows
         they were read from (:func:`_locate` maps a score back to its part and position)."""
         part, start, size = self._part[probes], self._start[probes], self._size[probes]
@@ -161,14 +152,8 @@ class VectorUnion:
         qscale = np.zeros(len(self._lists), np.float64)
         qscale[scanned] = step
         out = nk.empty((int(at[-1]), 1), dtype="int32")
-        runs = list(zip(run_part.tolist(), lo.tolist(), length.tolist(), at[:-1].tolist(), strict=True))
-
-        def scan(some: list[tuple[int, int, int, int]]) -> None:
-            for p, a, n, o in some:
-                nk.dots_packed(self._lists[p].codes[a : a + n], packed[p], out=cast(nk.Tensor, out[o : o + n]))
-
-        split = int(np.searchsorted(at, at[-1] // 2)) if at[-1] >= _SPLIT_ROWS else 0  # half the rows each
-        _two_threads(pool, scan, runs, split)
+        for p, a, n, o in zip(run_part.tolist(), lo.tolist(), length.tolist(), at[:-1].tolist(), strict=True):
+            nk.dots_packed(self._lists[p].codes[a : a + n], packed[p], out=cast(nk.Tensor, out[o : o + n]))
         dots = np.asarray(out).reshape(-1) * np.repeat(qscale[run_part], length)  # ~ q.x in every part
         located = (run_part, lo, at)
         if self.metric == "l2":  # |x|^2 - 2 q.x; |q|^2 is the same for every row
@@ -189,8 +174,7 @@ class VectorUnion:
             norms[a:b] = x.norms[at]
             rows[a:b] = x.row_ids[at]
         dist = exact_distances(v, q, norms, self.metric)
-        keep = np.argpartition(dist, k - 1)[:k] if len(dist) > k else np.arange(len(dist))
-        keep = keep[np.lexsort((rows[keep], part[keep], dist[keep]))]
+        keep = np.lexsort((rows, part, dist))[:k]  # the rerank pool is small: sorting it whole is cheap
         return [(p, rows[keep[part[keep] == p]], dist[keep[part[keep] == p]]) for p in np.unique(part[keep]).tolist()]
 
     @cached_property
@@ -212,36 +196,3 @@ def _locate(index: _Ints, runs: _Runs) -> tuple[_Ints, _Ints]:
     run_part, lo, at = runs
     r = np.searchsorted(at, index, side="right") - 1
     return run_part[r], lo[r] + index - at[r]
-
-
-class _Searching:
-    """Counts the first passes running in this process: a second thread helps one that runs alone, while with
-    other searches running the cores are busy already (two client threads on 2 cores, nprobe 8: 5.45 ms p50
-    when every search split, 5.0 ms when none did)."""
-
-    _lock = threading.Lock()
-    _running = 0
-
-    def __enter__(self) -> bool:
-        with _Searching._lock:
-            _Searching._running += 1
-            return _Searching._running == 1
-
-    def __exit__(self, *exc: object) -> None:
-        with _Searching._lock:
-            _Searching._running -= 1
-
-
-def _two_threads(pool: Executor | None, work: Callable[[list[T]], None], items: list[T], split: int) -> None:
-    """``work(items[:split])`` on this thread while a thread of ``pool`` does ``work(items[split:])`` (the
-    kernels release the GIL). All of it here without a pool or a split, or if the pool has not started its
-    half by the time this one is done: it may be busy, and a caller running on the pool must not wait on it."""
-    if pool is None or not 0 < split < len(items):
-        work(items)
-        return
-    other = pool.submit(work, items[split:])
-    work(items[:split])
-    if other.cancel():
-        work(items[split:])
-    else:
-        other.result()
