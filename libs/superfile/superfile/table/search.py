@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 _ascending = LRU(4096)  # storage URI # superfile path -> whether its rows are in ascending _id order
 _unions = LRU(16)  # storage URI # manifest path # column -> (BM25 union, its superfiles in _id order)
 _vector_unions = LRU(16)  # storage URI # manifest path # column -> (vector union, its superfiles in part order)
+_vector_summaries = LRU(16)  # storage URI # manifest path # column -> _Summaries
 
 
 def _is_ascending(ids: np.ndarray) -> bool:
@@ -680,7 +681,7 @@ class Searcher:
     ) -> pa.Table:
         k, q, predicate, tf, entries = self._vector_plan(column, vector, k, text_filter, where)
         metric = self.options.vector_columns[column].metric
-        entries, bound = _route(entries, column, q, metric)
+        entries, bound = _route(entries, self._summaries(column), q, metric)
 
         def one(e: SuperfileEntry) -> _Hits:
             allow = self._allowed(e, tf, predicate, where)
@@ -699,8 +700,7 @@ class Searcher:
         run = self.snap.map if (tf is not None or predicate is not None) and self.spread else self.snap.each
         united = self._vector_union(column) if tf is None and predicate is None else None
 
-        union, members = united if united is not None else (None, [])
-        part_of = {e.path: i for i, e in enumerate(members)}
+        union, members, part_of = united if united is not None else (None, [], {})
 
         def search(batch: list[SuperfileEntry]) -> list[_Hits]:
             if union is None:
@@ -721,18 +721,27 @@ class Searcher:
         self.searched = searched
         return self._result(hits, k, False, projection)
 
-    def _vector_union(self, column: str) -> tuple[VectorUnion, list[SuperfileEntry]] | None:
-        """One IVF search over the superfiles without deleted rows (``format/vector_union.py``) and those
-        superfiles (its parts, in order); built once per snapshot. None if no superfile qualifies."""
+    def _summaries(self, column: str) -> _Summaries:
+        """The snapshot's vector summaries of ``column``, stacked once per snapshot."""
+        key = f"{self.snap.files.storage.uri}#{self.snap.key}#{column}"
+        dim = self.options.vector_columns[column].dim
+        found, _ = _vector_summaries.get_or_load(key, lambda: _Summaries(self.snap.entries(), column, dim))
+        return found
+
+    def _vector_union(self, column: str) -> tuple[VectorUnion, list[SuperfileEntry], dict[str, int]] | None:
+        """One IVF search over the superfiles without deleted rows (``format/vector_union.py``), those superfiles
+        (its parts, in order) and each one's part number by path; built once per snapshot. None if no superfile
+        qualifies."""
         key = f"{self.snap.files.storage.uri}#{self.snap.key}#{column}"
 
-        def build() -> tuple[VectorUnion, list[SuperfileEntry]] | None:
+        def build() -> tuple[VectorUnion, list[SuperfileEntry], dict[str, int]] | None:
             entries = [e for e in self.snap.entries() if e.deletes is None and column in e.vectors]
             indexes = self.snap.each(lambda e: self.snap.open(e).vector_index(column), entries)
             ivf = [(e, index) for e, index in zip(entries, indexes, strict=True) if index.ivf_lists is not None]
             if not ivf:
                 return None
-            return VectorUnion([index for _, index in ivf]), [e for e, _ in ivf]
+            members = [e for e, _ in ivf]
+            return VectorUnion([index for _, index in ivf]), members, {e.path: i for i, e in enumerate(members)}
 
         united, _ = _vector_unions.get_or_load(key, build)
         return united
@@ -814,20 +823,32 @@ def rrf_fuse(rankings: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray
     return ids[order], fused[order]
 
 
+class _Summaries:
+    """A snapshot's vector summaries of one column, stacked once: routing a query gathers rows of them instead
+    of stacking every superfile's centroid again (~0.15 ms a query over 16 superfiles)."""
+
+    def __init__(self, entries: list[SuperfileEntry], column: str, dim: int) -> None:
+        summaries = [e.vectors.get(column) for e in entries]
+        self.row = {e.path: i for i, e in enumerate(entries)}
+        zero = np.zeros(dim, np.float32)
+        self.centroids = np.stack([s.centroid if s is not None else zero for s in summaries]) if entries else None
+        self.radii = np.array([s.radius if s is not None else np.inf for s in summaries])
+
+
 def _route(
-    entries: list[SuperfileEntry], column: str, q: np.ndarray, metric: str
+    entries: list[SuperfileEntry], summaries: _Summaries, q: np.ndarray, metric: str
 ) -> tuple[list[SuperfileEntry], np.ndarray]:
     """Nearest superfiles first, so early results can prune the rest, with the smallest distance any vector of
     each can have to q (from its centroid and radius; 0 under dot, which has no such bound)."""
-    if not entries:
+    if not entries or summaries.centroids is None:
         return [], np.zeros(0)
-    summaries = [e.vectors.get(column) for e in entries]
-    centroids = np.stack([s.centroid if s is not None else np.zeros_like(q) for s in summaries])
+    at = np.fromiter((summaries.row[e.path] for e in entries), np.int64, len(entries))
+    centroids = summaries.centroids[at]
     if metric == "dot":
         order = np.argsort(-(centroids @ q), kind="stable")
         return [entries[i] for i in order.tolist()], np.zeros(len(entries))
     g = q / max(float(np.linalg.norm(q)), 1e-30) if metric == "cosine" else q
-    radii = np.array([s.radius if s is not None else np.inf for s in summaries])
+    radii = summaries.radii[at]
     gap = np.maximum(0.0, np.linalg.norm(centroids - g, axis=1) - radii)
     gap = np.maximum(0.0, gap * (1 - 1e-5) - 1e-6)  # float32 slack: stay conservative
     bound = gap * gap / 2 if metric == "cosine" else gap * gap
