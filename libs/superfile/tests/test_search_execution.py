@@ -1,0 +1,177 @@
+"""How a search is executed never changes its answer (issue 20: per-query cost).
+
+A search alone may spread its kernels over the query pool and run hybrid's halves at once; with the cores
+busy it runs on its caller's thread, one half after the other. The IVF union picks its rerank pool from a
+sampled bound instead of a full partition. These tests hold every search kind, over superfiles with and
+without deletion vectors (the union paths and the per-superfile paths), to the same ids, order and scores
+whichever way it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import superfile
+from superfile import pools
+from superfile.format.vector_index import smallest
+from superfile.search.request import HybridSearch
+from superfile.table.search import Searcher
+
+CRANFIELD = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield" / "docs.parquet"
+QUERIES = 12
+Answer = list[tuple[list[Any], list[Any]]]
+
+
+@pytest.fixture(scope="module")
+def cranfield() -> pa.Table:
+    return pq.read_table(CRANFIELD)
+
+
+@pytest.fixture(scope="module", params=["appends", "deletes"])
+def db(request: pytest.FixtureRequest, cranfield: pa.Table) -> superfile.Connection:
+    """Cranfield in 7 superfiles; with ``deletes``, 30 rows deleted (no union: every superfile searched alone)."""
+    db = superfile.connect(f"memory://execution-{os.urandom(6).hex()}")
+    t = db.create_table(
+        "docs",
+        cranfield.schema,
+        fts_columns=["title", "text"],
+        vector_columns={"embedding": {"dim": 384, "metric": "cosine"}},
+    )
+    for a in range(0, cranfield.num_rows, 200):
+        t.append(cranfield.slice(a, 200))
+    if request.param == "deletes":
+        t.delete("id % 47 = 0")
+    return db
+
+
+@pytest.fixture
+def table(db: superfile.Connection) -> superfile.Supertable:
+    return db.open_table("docs")
+
+
+def every_kind(t: superfile.Supertable, docs: pa.Table, i: int) -> Answer:
+    """One query of every search kind (and SQL's search table functions), as (ids, scores) lists."""
+    title = docs["title"][i].as_py()
+    vector = np.asarray(docs["embedding"][i].as_py(), np.float32)
+    word = max(title.split(), key=len)
+    results = [
+        t.bm25_search("text", title),
+        t.bm25_search("text", title, mode="all"),
+        t.bm25_search_prefix("text", word[:3]),
+        t.token_match("title", word.lower(), max_rows=2000),
+        t.exact_match("title", title),
+        t.vector_search("embedding", vector),
+        t.vector_search("embedding", vector, nprobe=2, rerank=12),
+        t.vector_search("embedding", vector, where="id % 3 = 0"),
+        t.vector_search("embedding", vector, filter={"column": "text", "query": word}),
+        t.hybrid_search("text", title, "embedding", vector),
+    ]
+    return [(r.column("_id").to_pylist(), r.column("score").to_pylist()) for r in results]
+
+
+def answers(t: superfile.Supertable, docs: pa.Table, queries: range) -> list[Answer]:
+    return [every_kind(t, docs, i) for i in queries]
+
+
+def test_concurrent_searches_answer_as_one_at_a_time(table: superfile.Supertable, cranfield: pa.Table) -> None:
+    """Alone, a search may spread over the pool; four at once each run on their own thread. Same answers."""
+    queries = range(0, 7 * QUERIES, 7)
+    alone = answers(table, cranfield, queries)
+    assert any(ids for answer in alone for ids, _ in answer[:10])  # the queries find rows
+    with ThreadPoolExecutor(4) as ex:
+        rounds = [ex.submit(answers, table, cranfield, queries) for _ in range(4)]
+        together = [r.result(timeout=300) for r in rounds]
+    assert all(t == alone for t in together)
+
+
+def test_hybrid_halves_in_sequence_answer_as_halves_at_once(table: superfile.Supertable, cranfield: pa.Table) -> None:
+    snapshot = table.snapshot()
+    for i in range(0, 5 * QUERIES, 5):
+        request = HybridSearch(
+            text_column="text",
+            query=cranfield["title"][i].as_py(),
+            vector_column="embedding",
+            vector=cranfield["embedding"][i].as_py(),
+            k=10,
+        )
+        got = []
+        for spread in (True, False):
+            searcher = Searcher(snapshot)
+            searcher.spread = spread
+            found = searcher._search(request)  # the execution under test, without the policy
+            got.append((found.column("_id").to_pylist(), found.column("score").to_pylist()))
+        assert got[0] == got[1] and got[0][0]
+
+
+def test_sql_search_functions_answer_alone_and_together(db: superfile.Connection, cranfield: pa.Table) -> None:
+    queries = range(0, 3 * QUERIES, 3)
+
+    def run(i: int) -> list[Any]:
+        title = cranfield["title"][i].as_py().replace("'", "''")
+        vector = "[" + ", ".join(repr(float(x)) for x in cranfield["embedding"][i].as_py()) + "]"
+        found = db.sql(
+            f"SELECT 'bm25' AS kind, _id, score FROM bm25_search('docs', 'text', '{title}', 10) "
+            f"UNION ALL SELECT 'vector', _id, score FROM vector_search('docs', 'embedding', {vector}, 10) "
+            f"UNION ALL SELECT 'hybrid', _id, score FROM hybrid_search('docs', 'text', '{title}', 'embedding', "
+            f"{vector}, 10) ORDER BY kind, score DESC, _id"
+        )
+        return found.to_pylist()
+
+    alone = [run(i) for i in queries]
+    assert all(len(rows) == 30 for rows in alone)
+    with ThreadPoolExecutor(3) as ex:
+        together = list(ex.map(run, list(queries) * 3))
+    assert together == alone * 3
+
+
+def test_searching_spreads_only_while_cores_are_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUPERFILE_QUERY_THREADS", "4")
+    seen: list[bool] = []
+    inside = threading.Barrier(3, timeout=30)
+    leave = threading.Event()
+
+    def search() -> None:
+        with pools.searching() as spread:
+            seen.append(spread)
+            inside.wait()
+            leave.wait(30)
+
+    with pools.searching() as alone:
+        assert alone  # 1 of 4 threads' worth in flight
+    workers = [threading.Thread(target=search) for _ in range(2)]
+    for w in workers:
+        w.start()
+    inside.wait()  # two searches in flight: 2 * 2 <= 4, both may spread; a third may not
+    with pools.searching() as third:
+        assert not third
+    leave.set()
+    for w in workers:
+        w.join(30)
+    assert seen == [True, True]
+    with pools.searching() as again:
+        assert again
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_smallest_is_the_lowest_keys_ties_to_the_lower_index(dtype: type) -> None:
+    rng = np.random.default_rng(7)
+    makers: list[Callable[[int], np.ndarray]] = [
+        lambda n: rng.standard_normal(n),
+        lambda n: rng.integers(0, 20, n).astype(float),  # many ties at the cut
+        lambda n: np.sort(rng.standard_normal(n))[::-1].copy(),  # the smallest keys last
+        lambda n: np.zeros(n),
+    ]
+    for trial in range(400):
+        n, count = int(rng.integers(0, 6000)), int(rng.integers(0, 80))
+        keys = makers[trial % len(makers)](n).astype(dtype)
+        want = np.sort(np.lexsort((np.arange(n), keys))[:count])
+        assert np.array_equal(smallest(keys, count), want), (n, count, trial % len(makers))
