@@ -56,7 +56,7 @@ class UnionIndex:
         self.searcher = index.searcher()
         if self.searcher.num_segments != len(part_of_segment):
             raise ValueError(f"union opened {self.searcher.num_segments} segments, listed {len(part_of_segment)}")
-        self._part_of = np.asarray(part_of_segment, np.int64)
+        self._part_of = list(part_of_segment)
 
     def top(self, terms: Sequence[str], k: int, mode: str) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """The BM25 top-``k`` of analysed ``terms`` (mode "any" or "all"), as (part index, row offsets,
@@ -76,11 +76,13 @@ class UnionIndex:
             limit *= 4
         if not hits:
             return []
-        docs = [d for _, d in hits]
-        rows = np.asarray(self.searcher.fast_field_values(ROW_FIELD, docs), np.int64)
-        parts = self._part_of[np.fromiter((d.segment_ord for d in docs), np.int64, len(docs))]
-        scores = np.asarray([s for s, _ in hits], np.float32)
-        return [(int(p), rows[parts == p], scores[parts == p]) for p in np.unique(parts)]
+        rows = self.searcher.fast_field_values(ROW_FIELD, [d for _, d in hits])
+        by_part: dict[int, tuple[list[int], list[float]]] = {}
+        for (score, doc), row in zip(hits, rows, strict=True):  # k hits: plain Python beats numpy's set-up
+            found = by_part.setdefault(self._part_of[doc.segment_ord], ([], []))
+            found[0].append(int(row))  # type: ignore[arg-type]  # the row field is an int fast field
+            found[1].append(score)
+        return [(p, np.asarray(r, np.int64), np.asarray(s, np.float32)) for p, (r, s) in sorted(by_part.items())]
 
 
 def union_of(parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool) -> UnionIndex:

@@ -60,7 +60,7 @@ __all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "ch
 log = logging.getLogger(__name__)
 
 _ascending = LRU(4096)  # storage URI # superfile path -> whether its rows are in ascending _id order
-_unions = LRU(16)  # storage URI # manifest path # column -> (BM25 union, its superfiles in _id order)
+_unions = LRU(16)  # storage URI # manifest path # column -> (BM25 union, its superfiles in _id order) or None
 _vector_unions = LRU(16)  # storage URI # manifest path # column -> (vector union, its superfiles in part order)
 _vector_summaries = LRU(16)  # storage URI # manifest path # column -> _Summaries
 
@@ -425,18 +425,18 @@ class Searcher:
         snapshot takes it, warm or cold, so a query always gets the same float32 scores (the two paths
         round differently). Returns it with its parts' superfiles (in ``_id`` order), built once per
         snapshot; None otherwise, or if the union cannot be built."""
-        entries = self.snap.entries()
-        if not entries or any(e.deletes is not None for e in entries) or not self._indexed(entries, column):
-            return None
         key = f"{self.snap.files.storage.uri}#{self.snap.key}#{column}"
         try:
-            united, _ = _unions.get_or_load(key, lambda: self._build_union(column, entries))
+            united, _ = _unions.get_or_load(key, lambda: self._build_union(column))  # None cached too
         except (OSError, ValueError) as exc:
-            log.warning("full-text union of %d superfiles not built, searching them one by one: %s", len(entries), exc)
+            log.warning("full-text union not built, searching the superfiles one by one: %s", exc)
             return None
         return united
 
-    def _build_union(self, column: str, entries: list[SuperfileEntry]) -> tuple[UnionIndex, list[SuperfileEntry]]:
+    def _build_union(self, column: str) -> tuple[UnionIndex, list[SuperfileEntry]] | None:
+        entries = self.snap.entries()
+        if not entries or any(e.deletes is not None for e in entries) or not self._indexed(entries, column):
+            return None
         entries = sorted(entries, key=lambda e: (e.id_min, e.path))  # segment order: _id order where it can be
         ordered = all(a.id_max < b.id_min for a, b in itertools.pairwise(entries)) and all(
             self._ascending(e) for e in entries
