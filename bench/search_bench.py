@@ -1,23 +1,28 @@
-"""Search latency and throughput: superfile (file://) beside a single tantivy index, a single usearch
-HNSW index and LanceDB, over the same rows, in the same run.
+"""Search latency, throughput and CPU per query: superfile (file://) beside a single tantivy index, a single
+usearch HNSW index and LanceDB, over the same rows, in the same run.
 
     .venv/bin/python bench/search_bench.py --kinds vector,bm25
 
 The table (default 1M rows = 16 superfiles of 62,500) and every peer index are
 built once into a cache directory (``--cache``, default /tmp/sfbench-search)
-and reused by later runs; ``--rebuild`` builds them again. The cache is keyed
-by rows, superfile size and the data's version (a hash of the corpus and of
-the code that repeats it): a change rebuilds everything. Before recall is
-measured, the ground truth's best similarities are recomputed from the vectors
-the measured table stores (superfile, LanceDB); a mismatch fails the run. Each
-build and each measurement runs in its own process, one after another.
+and reused by later runs; ``--rebuild`` builds them again, ``--build-only``
+builds without measuring. The cache is keyed by rows, superfile size and the
+data's version (a hash of the corpus and of the code that repeats it): a change
+rebuilds everything. Before recall is measured, the ground truth's best
+similarities are recomputed from the vectors the measured index stores
+(superfile, usearch, LanceDB); a mismatch fails that measurement
+(tests/test_bench_cache.py). Each build and each measurement runs in its own
+process, one after another.
 
 Queries are the real Vaswani (93) and Cranfield (225) query texts and
 embeddings. Per system and setting: a warm-up pass, then ``--passes`` passes
 over all queries from 1 client thread (sequential) and from 2 client threads
 (a ThreadPoolExecutor issuing queries concurrently): p50/p99 latency over
-queries, queries/s = queries / wall time. Recall@10 of every vector setting is
-against exact float32 brute force over all rows (computed once, cached).
+queries, queries/s = queries / wall time, CPU ms per query = the measuring
+process's CPU time (``time.process_time``: every thread, the library's pools
+included) over the timed passes / their queries. Recall@10 of every vector
+setting is against exact float32 brute force over all rows (computed once,
+cached).
 
 ``--kinds filtered`` runs vector search with a ``where`` predicate on
 ``doc_id % 1000`` keeping 0.1%, 1%, 10% and 50% of the rows (uniform over the
@@ -25,9 +30,19 @@ corpus), superfile beside LanceDB (``prefilter=True``); recall@10 is against the
 exact top 10 among the allowed rows. usearch has no predicate filter in its
 Python API and is left out.
 
-``--kinds vector``, ``--kinds filtered`` and ``--kinds bm25`` can run separately:
-each run updates its kind in bench/results/search.json (medians over ``--repeat``
-runs) and rewrites bench/results/search.md from the whole file.
+``--kinds hybrid`` runs ``hybrid_search`` (BM25 and vector fused by reciprocal
+rank, k=60, 100 candidates from each) beside LanceDB's ``query_type="hybrid"``
+with its RRFReranker (k=60), asked for 100 and cut to 10 so that it, too, fuses
+100 candidates from each side. There is no exact reference, so no recall.
+
+``--before-path DIR`` (a checkout's ``libs/superfile``) adds the system
+``superfile-before``: the same table files, measured in the same run by a
+process with DIR first on PYTHONPATH, so before and after see the same machine
+load; its answers are compared query by query with ``superfile``'s.
+
+Each run replaces its kinds in ``<results-dir>/<out>.json`` (default
+bench/results/search.json; medians over ``--repeat`` runs, the systems
+interleaved) and rewrites ``<out>.md`` from the whole file.
 """
 
 from __future__ import annotations
@@ -40,6 +55,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -53,29 +69,35 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, SHARED, corpus, median, peak_rss_mb, percentile, repeated, run_isolated, save
+from common import RESULTS, ROOT, SHARED, corpus, median, peak_rss_mb, percentile, repeated, run_isolated
 
 DIM = 384
 K = 10
 BUILD_BATCH = 62_500
-SYSTEMS = ("superfile", "tantivy", "usearch", "lancedb")
-KINDS = ("vector", "filtered", "bm25")
+# superfile-before: the same table opened by another checkout of the library (--before-path), in the same run
+SYSTEMS = ("superfile", "superfile-before", "tantivy", "usearch", "lancedb")
+KINDS = ("vector", "filtered", "bm25", "hybrid")
 KIND_SYSTEMS = {
-    "vector": ("superfile", "usearch", "lancedb"),
-    "filtered": ("superfile", "lancedb"),
-    "bm25": ("superfile", "tantivy", "lancedb"),
+    "vector": ("superfile", "superfile-before", "usearch", "lancedb"),
+    "filtered": ("superfile", "superfile-before", "lancedb"),
+    "bm25": ("superfile", "superfile-before", "tantivy", "lancedb"),
+    "hybrid": ("superfile", "superfile-before", "lancedb"),
 }
+# systems that open the superfile table built for "superfile" and need no build of their own
+SUPERFILE_SYSTEMS = ("superfile", "superfile-before")
+# hybrid: candidates per retriever before reciprocal-rank fusion (superfile's HYBRID_DEPTH; LanceDB is given the same)
+HYBRID_DEPTH = 100
 # filtered kind: rows with doc_id % 1000 < cut, i.e. these fractions of the table
 FILTER_LEVELS = (0.001, 0.01, 0.1, 0.5)
 # The settings measured per system; the first one is the system's defaults.
 VECTOR_SETTINGS: dict[str, list[dict[str, Any]]] = {
     "superfile": [{}, {"nprobe": 32}, {"nprobe": 24}, {"nprobe": 16}, {"nprobe": 8}],
+    "superfile-before": [{}, {"nprobe": 32}, {"nprobe": 24}, {"nprobe": 16}, {"nprobe": 8}],
     # the corpus repeats every document ~78 times with small jitter: near-duplicate clusters that need
     # a wide HNSW beam and a deep PQ refine pool to rank the true top 10
     "usearch": [{}, {"ef": 32}, {"ef": 256}, {"ef": 512}, {"ef": 1024}, {"ef": 2048}],
     "lancedb": [
         {},
-        {"nprobes": 20, "refine": 10},
         {"nprobes": 20, "refine": 50},
         {"nprobes": 20, "refine": 100},
         {"nprobes": 40, "refine": 200},
@@ -313,7 +335,7 @@ class Superfile:
         self.id2doc[ids] = m["doc_id"].to_numpy()
         self.texts = q["text"].to_pylist()
         self.vectors = query_vectors(q)
-        self.stats = self.t.stats()
+        self.stats = {**self.t.stats(), "library": str(Path(superfile.__file__).parent)}
 
     def stored_vectors(self, doc_ids: np.ndarray) -> np.ndarray:
         where = f"doc_id IN ({', '.join(str(int(d)) for d in doc_ids)})"
@@ -334,19 +356,25 @@ class Superfile:
     def bm25(self, i: int, s: dict[str, Any]) -> pa.Table:
         return self.t.bm25_search("text", self.texts[i], k=K, projection=["_id", "score"])
 
+    def hybrid(self, i: int, s: dict[str, Any]) -> pa.Table:
+        return self.t.hybrid_search(
+            "text", self.texts[i], "embedding", self.vectors[i], k=K, projection=["_id", "score"]
+        )
+
     def decode(self, r: pa.Table) -> tuple[np.ndarray, np.ndarray]:
         return self.id2doc[r["_id"].to_numpy().astype(np.int64)], r["score"].to_numpy()
 
     @staticmethod
     def extra(results: list[pa.Table]) -> dict[str, float]:
-        def avg(key: bytes) -> float:
-            return float(np.mean([int(r.schema.metadata[key]) for r in results]))
-
-        return {
-            "superfiles": avg(b"superfile.superfiles"),
-            "searched_avg": avg(b"superfile.searched"),
-            "pruned_avg": avg(b"superfile.pruned"),
+        """How many superfiles a search saw and pruned, from the result's metadata (hybrid results carry none)."""
+        keys = {
+            "superfiles": b"superfile.superfiles",
+            "searched_avg": b"superfile.searched",
+            "pruned_avg": b"superfile.pruned",
         }
+        if not all(r.schema.metadata and keys["superfiles"] in r.schema.metadata for r in results):
+            return {}
+        return {name: float(np.mean([int(r.schema.metadata[key]) for r in results])) for name, key in keys.items()}
 
 
 class Tantivy:
@@ -395,6 +423,9 @@ class Usearch:
     def vector(self, i: int, s: dict[str, Any]) -> Any:
         return self.index.search(self.vectors[i], K)
 
+    def stored_vectors(self, doc_ids: np.ndarray) -> np.ndarray:
+        return np.asarray(self.index.get(doc_ids.astype(np.uint64)), np.float32)
+
     def decode(self, r: Any) -> tuple[np.ndarray, np.ndarray]:
         return np.asarray(r.keys, np.int64), np.asarray(r.distances, np.float32)
 
@@ -402,8 +433,10 @@ class Usearch:
 class LanceDB:
     def __init__(self, cache: Path, q: pa.Table) -> None:
         import lancedb
+        from lancedb.rerankers import RRFReranker
 
         self.t = lancedb.connect(str(paths(cache)["lancedb"])).open_table("bench")
+        self._rrf = RRFReranker(K=60)
         self.texts = q["text"].to_pylist()
         self.vectors = query_vectors(q)
         self.stats = {"rows": self.t.count_rows()}
@@ -429,12 +462,25 @@ class LanceDB:
     def bm25(self, i: int, s: dict[str, Any]) -> pa.Table:
         return self.t.search(self.texts[i], query_type="fts", fts_columns="text").limit(K).select(["doc_id"]).to_arrow()
 
+    def hybrid(self, i: int, s: dict[str, Any]) -> pa.Table:
+        """Vector (default IVF_PQ knobs) and native FTS fused by RRF (k=60, as superfile's). LanceDB takes
+        ``limit`` candidates from each retriever, so it is asked for HYBRID_DEPTH and the fused list cut to K."""
+        b = self.t.search(query_type="hybrid", vector_column_name="embedding", fts_columns="text")
+        b = b.vector(self.vectors[i]).text(self.texts[i]).distance_type("cosine").rerank(self._rrf)
+        return b.limit(HYBRID_DEPTH).select(["doc_id"]).to_arrow().slice(0, K)
+
     def decode(self, r: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-        col = "_distance" if "_distance" in r.column_names else "_score"
+        col = next(c for c in ("_relevance_score", "_distance", "_score") if c in r.column_names)
         return r["doc_id"].to_numpy().astype(np.int64), r[col].to_numpy().astype(np.float32)
 
 
-CLASSES = {"superfile": Superfile, "tantivy": Tantivy, "usearch": Usearch, "lancedb": LanceDB}
+CLASSES: dict[str, Any] = {
+    "superfile": Superfile,
+    "superfile-before": Superfile,
+    "tantivy": Tantivy,
+    "usearch": Usearch,
+    "lancedb": LanceDB,
+}
 
 
 def timed_pass(fn: Callable[[int], Any], n: int, threads: int) -> tuple[list[float], float, list[Any]]:
@@ -460,11 +506,16 @@ def timed_pass(fn: Callable[[int], Any], n: int, threads: int) -> tuple[list[flo
 
 
 def measure(system: str, kind: str, cache: Path, passes: int, threads: list[int]) -> dict[str, Any]:
+    """One system and kind in this process: per setting, latency, q/s and CPU time per query at each client
+    thread count. CPU time is the process's (every thread's, the library's pools included) over the timed
+    passes, divided by the queries they ran."""
     q = queries()
     n = q.num_rows
     t0 = time.perf_counter()
     sysobj = CLASSES[system](cache, q)
     open_s = time.perf_counter() - t0
+    if system == "superfile-before" and Path(sysobj.stats["library"]).is_relative_to(ROOT):
+        raise RuntimeError(f"superfile-before imported this checkout's library ({sysobj.stats['library']})")
     fn = getattr(sysobj, kind)
     settings: list[dict[str, Any]] = [{}]
     gts: list[np.ndarray | None] = [None]
@@ -472,7 +523,7 @@ def measure(system: str, kind: str, cache: Path, passes: int, threads: list[int]
         settings = VECTOR_SETTINGS[system]
         gts = [np.load(paths(cache)["gt"])["ids"]] * len(settings)
         if hasattr(sysobj, "stored_vectors"):
-            check_ground_truth(sysobj.stored_vectors, cache)
+            check_ground_truth(sysobj.stored_vectors, cache, atol=5e-3 if system == "usearch" else 1e-4)
     elif kind == "filtered":
         settings = [{"level": level} for level in FILTER_LEVELS]
         stored = np.load(paths(cache)["gt_filtered"])
@@ -496,20 +547,25 @@ def measure(system: str, kind: str, cache: Path, passes: int, threads: list[int]
             lats: list[float] = []
             qps = []
             results: list[Any] = []
+            cpu0 = time.process_time()
             for _ in range(passes):
                 lat, wall, out = timed_pass(functools.partial(run_one, s), n, th)
                 lats += lat
                 qps.append(n / wall)
                 results = out
+            cpu = time.process_time() - cpu0
             row["threads"][str(th)] = {
                 "p50_ms": percentile(lats, 50) * 1e3,
                 "p99_ms": percentile(lats, 99) * 1e3,
                 "mean_ms": float(np.mean(lats)) * 1e3,
                 "qps": median(qps),
+                "cpu_ms": cpu / (n * passes) * 1e3,
             }
             if th == threads[0]:
                 decoded = [sysobj.decode(r) for r in results]
+                row["ids"] = [d[0].tolist() for d in decoded]  # for the before/after comparison; not saved
                 row["hits_avg"] = float(np.mean([len(d[0]) for d in decoded]))
+                row["scores"] = [d[1].tolist() for d in decoded]  # for the score comparisons; not saved
                 if gt is not None:
                     row["recall"] = float(
                         np.mean(
@@ -519,8 +575,6 @@ def measure(system: str, kind: str, cache: Path, passes: int, threads: list[int]
                             ]
                         )
                     )
-                else:  # kept for the cross-system score comparison in the parent; dropped before saving
-                    row["scores"] = [d[1].tolist() for d in decoded]
                 if hasattr(sysobj, "extra"):
                     row.update(sysobj.extra(results))
         rows.append(row)
@@ -554,10 +608,10 @@ def data_version() -> str:
     return digest.hexdigest()[:16]
 
 
-def check_ground_truth(vectors: Callable[[np.ndarray], np.ndarray], cache: Path) -> None:
+def check_ground_truth(vectors: Callable[[np.ndarray], np.ndarray], cache: Path, atol: float = 1e-4) -> None:
     """The ground truth's best similarities, recomputed from the vectors the measured system stores for
     those doc_ids: a table that holds other vectors than the ground truth was computed over fails here,
-    instead of reporting a recall near zero."""
+    instead of reporting a recall near zero. ``atol`` allows for an index that stores vectors in f16."""
     gt = np.load(paths(cache)["gt"])
     qv = query_vectors(queries())
     qn = qv / np.linalg.norm(qv, axis=1, keepdims=True)
@@ -566,11 +620,13 @@ def check_ground_truth(vectors: Callable[[np.ndarray], np.ndarray], cache: Path)
     stored = vectors(ids)
     got = np.einsum("ij,ij->i", qn[list(sample)], stored / np.linalg.norm(stored, axis=1, keepdims=True))
     want = np.asarray([gt["sim"][i, 0] for i in sample])
-    if not np.allclose(got, want, atol=1e-4):
+    if not np.allclose(got, want, atol=atol):
         raise RuntimeError(f"the ground truth in {cache} was not computed over the measured table: run with --rebuild")
 
 
 def ensure_builds(args: argparse.Namespace, kinds: list[str], systems: list[str]) -> None:
+    """Build what the kinds and systems need into the cache, keyed by rows, superfile size and data version:
+    a cache built from other inputs is dropped whole, so no index and ground truth from different runs meet."""
     cache = Path(args.cache)
     p = paths(cache)
     cfg = {"rows": args.rows, "max_rows_per_superfile": args.max_rows_per_superfile, "data": data_version()}
@@ -580,14 +636,12 @@ def ensure_builds(args: argparse.Namespace, kinds: list[str], systems: list[str]
         info = {}
     cache.mkdir(parents=True, exist_ok=True)
     record_build(cache, "config", cfg)
-    needed = ["superfile"] + [s for s in systems if s != "superfile"]
+    needed = ["superfile"] + [s for s in systems if s not in SUPERFILE_SYSTEMS]
     needed = [s for s in needed if any(s in KIND_SYSTEMS[k] for k in kinds)]
     if "filtered" in kinds:
         needed = ["gt_filtered", *needed]
     if "vector" in kinds:
         needed = ["gt", *needed]
-    if "bm25" not in kinds:
-        needed = [s for s in needed if s != "tantivy"]
     for what in needed:
         if what in info and p[what].exists():
             continue
@@ -632,8 +686,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for m in ("recall", "hits_avg", "superfiles", "searched_avg", "pruned_avg"):
             if m in s:
                 row[m] = median([p[m] for p in per])
-        if "scores" in s:
-            row["scores"] = s["scores"]
+        row["ids"], row["scores"] = s["ids"], s["scores"]
         settings.append(row)
     out["settings"] = settings
     return out
@@ -651,17 +704,40 @@ def score_agreement(a: list[list[float]], b: list[list[float]]) -> dict[str, flo
     return {"queries_identical_scores": same / max(1, len(a)), "max_rel_score_diff": max(rel, default=0.0)}
 
 
+def same_answers(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """Two runs of one setting, query by query: identical ids in the same order, identical score lists,
+    and the mean overlap of the top-k id sets (ties at the k-th score may legitimately swap rows)."""
+    ids_same = [x == y for x, y in zip(a["ids"], b["ids"], strict=True)]
+    overlap = [len(set(x) & set(y)) / max(1, len(x), len(y)) for x, y in zip(a["ids"], b["ids"], strict=True)]
+    return {
+        "queries_identical_ids": float(np.mean(ids_same)),
+        "mean_overlap": float(np.mean(overlap)),
+        **score_agreement(a["scores"], b["scores"]),
+    }
+
+
 def pick_tuned(settings: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
     """The fastest setting (1-thread p50) whose recall reaches ``target``."""
     ok = [s for s in settings if s.get("recall", 0) >= target]
     return min(ok, key=lambda s: s["threads"]["1"]["p50_ms"]) if ok else None
 
 
+def equal_recall(
+    ours: list[dict[str, Any]], peer: list[dict[str, Any]], target: float
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The pair of settings, both at recall >= ``target``, whose recalls are closest to each other."""
+    pairs = [(a, b) for a in ours for b in peer if a.get("recall", 0) >= target and b.get("recall", 0) >= target]
+    if not pairs:
+        return None
+    return min(pairs, key=lambda ab: (abs(ab[0]["recall"] - ab[1]["recall"]), ab[0]["threads"]["1"]["p50_ms"]))
+
+
 def table_lines(results: dict[str, Any]) -> list[str]:
     lines = [
         "| kind | system | setting | recall@10 | p50 ms (1 thr) | p99 ms (1 thr) | q/s (1 thr) "
-        "| p50 ms (2 thr) | p99 ms (2 thr) | q/s (2 thr) | superfiles searched / pruned |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| p50 ms (2 thr) | p99 ms (2 thr) | q/s (2 thr) | q/s 2 thr / 1 thr | CPU ms/query (1 thr) "
+        "| CPU ms/query (2 thr) | superfiles searched / pruned |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind in KINDS:
         for system in SYSTEMS:
@@ -672,6 +748,7 @@ def table_lines(results: dict[str, Any]) -> list[str]:
                 t1, t2 = s["threads"].get("1", {}), s["threads"].get("2", {})
                 rec = f"{s['recall']:.3f}" if "recall" in s else "-"
                 prune = f"{s['searched_avg']:.1f} / {s['pruned_avg']:.1f}" if "searched_avg" in s else "-"
+                scale = f"{t2['qps'] / t1['qps']:.2f}x" if "qps" in t1 and "qps" in t2 else "-"
 
                 def f(d: dict[str, float], m: str) -> str:
                     return f"{d[m]:.2f}" if m in d else "-"
@@ -679,12 +756,17 @@ def table_lines(results: dict[str, Any]) -> list[str]:
                 lines.append(
                     f"| {kind} | {system} | {s['setting']} | {rec} | {f(t1, 'p50_ms')} | {f(t1, 'p99_ms')} "
                     f"| {t1.get('qps', 0):.0f} | {f(t2, 'p50_ms')} | {f(t2, 'p99_ms')} "
-                    f"| {t2.get('qps', 0):.0f} | {prune} |"
+                    f"| {t2.get('qps', 0):.0f} | {scale} | {f(t1, 'cpu_ms')} | {f(t2, 'cpu_ms')} | {prune} |"
                 )
     return lines
 
 
+def per_thread(a: dict[str, Any], b: dict[str, Any], metric: str) -> dict[str, float]:
+    return {th: a[th][metric] / b[th][metric] for th in a if th in b}
+
+
 def ratios(results: dict[str, Any], target: float) -> dict[str, Any]:
+    """Superfile against its peers: BM25 at the defaults, vector at the fastest setting reaching ``target``."""
     out: dict[str, Any] = {}
     b = results.get("bm25", {})
     if "superfile" in b:
@@ -692,8 +774,8 @@ def ratios(results: dict[str, Any], target: float) -> dict[str, Any]:
         for peer in ("tantivy", "lancedb"):
             if peer in b:
                 pt = b[peer]["settings"][0]["threads"]
-                out[f"bm25 superfile/{peer} p50"] = {th: sf[th]["p50_ms"] / pt[th]["p50_ms"] for th in sf if th in pt}
-                out[f"bm25 superfile/{peer} qps"] = {th: sf[th]["qps"] / pt[th]["qps"] for th in sf if th in pt}
+                out[f"bm25 superfile/{peer} p50"] = per_thread(sf, pt, "p50_ms")
+                out[f"bm25 superfile/{peer} qps"] = per_thread(sf, pt, "qps")
     v = results.get("vector", {})
     if "superfile" in v:
         sf_def = v["superfile"]["settings"][0]
@@ -703,17 +785,14 @@ def ratios(results: dict[str, Any], target: float) -> dict[str, Any]:
                 continue
             pdef = v[peer]["settings"][0]
             ptuned = pick_tuned(v[peer]["settings"], target)
-            out[f"vector superfile default/{peer} default p50"] = {
-                th: sf_def["threads"][th]["p50_ms"] / pdef["threads"][th]["p50_ms"] for th in sf_def["threads"]
-            }
+            out[f"vector superfile default/{peer} default p50"] = per_thread(
+                sf_def["threads"], pdef["threads"], "p50_ms"
+            )
             if sf_tuned and ptuned:
                 out[f"vector superfile@{target}/{peer}@{target} p50"] = {
                     "superfile_setting": sf_tuned["setting"],
                     "peer_setting": ptuned["setting"],
-                    **{
-                        th: sf_tuned["threads"][th]["p50_ms"] / ptuned["threads"][th]["p50_ms"]
-                        for th in sf_tuned["threads"]
-                    },
+                    **per_thread(sf_tuned["threads"], ptuned["threads"], "p50_ms"),
                 }
             elif sf_tuned:
                 out[f"vector superfile@{target}/{peer}@{target} p50"] = (
@@ -722,45 +801,152 @@ def ratios(results: dict[str, Any], target: float) -> dict[str, Any]:
     return out
 
 
+# issue 20's targets: ratio name -> (bound, "<=" or ">=")
+TARGETS = {
+    "vector_vs_usearch_p50": (1.5, "<="),
+    "bm25_vs_tantivy_p50": (1.2, "<="),
+    "bm25_vs_tantivy_qps2": (0.9, ">="),
+}
+SCALING_TARGET = 1.8
+
+
+def verdict(x: float, bound: float, op: str) -> str:
+    return "met" if (x <= bound if op == "<=" else x >= bound) else "not met"
+
+
+def issue20(results: dict[str, Any], target: float) -> dict[str, Any]:
+    """Issue 20's ratios for superfile and superfile-before: vector p50 against usearch at equal recall, BM25
+    p50 and 2-thread q/s against tantivy, q/s at 2 threads over 1 thread per kind and setting, and after /
+    before per kind and setting."""
+    out: dict[str, Any] = {"vector_vs_usearch_p50": {}, "bm25_vs_tantivy_p50": {}, "bm25_vs_tantivy_qps2": {}}
+    v, b = results.get("vector", {}), results.get("bm25", {})
+    for sf in SUPERFILE_SYSTEMS:
+        if sf in v and "usearch" in v:
+            pair = equal_recall(v[sf]["settings"], v["usearch"]["settings"], target)
+            if pair is None:
+                out["vector_vs_usearch_p50"][sf] = f"no pair of settings with recall >= {target}"
+            else:
+                a, p = pair
+                out["vector_vs_usearch_p50"][sf] = {
+                    "superfile_setting": a["setting"],
+                    "superfile_recall": a["recall"],
+                    "usearch_setting": p["setting"],
+                    "usearch_recall": p["recall"],
+                    **per_thread(a["threads"], p["threads"], "p50_ms"),
+                }
+        if sf in b and "tantivy" in b:
+            st, tt = b[sf]["settings"][0]["threads"], b["tantivy"]["settings"][0]["threads"]
+            out["bm25_vs_tantivy_p50"][sf] = per_thread(st, tt, "p50_ms")
+            if "2" in st and "2" in tt:
+                out["bm25_vs_tantivy_qps2"][sf] = {"2": st["2"]["qps"] / tt["2"]["qps"]}
+    scaling: dict[str, Any] = {}
+    after_before: dict[str, Any] = {}
+    for kind in KINDS:
+        for system, r in results.get(kind, {}).items():
+            for s in r["settings"]:
+                t = s["threads"]
+                if "1" in t and "2" in t:
+                    scaling.setdefault(kind, {}).setdefault(system, {})[s["setting"]] = t["2"]["qps"] / t["1"]["qps"]
+        k = results.get(kind, {})
+        if "superfile" in k and "superfile-before" in k:
+            for a, p in zip(k["superfile"]["settings"], k["superfile-before"]["settings"], strict=True):
+                after_before.setdefault(kind, {})[a["setting"]] = {
+                    f"{m} {th} thr": a["threads"][th][m] / p["threads"][th][m]
+                    for th in a["threads"]
+                    for m in ("p50_ms", "qps", "cpu_ms")
+                }
+    out["qps_2_over_1"] = scaling
+    out["after_over_before"] = after_before
+    return out
+
+
+def git_commit(path: Path) -> str:
+    """The commit checked out at ``path`` and, if the library there has uncommitted changes, a mark."""
+    head = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no", "."], capture_output=True, text=True
+    )
+    return head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def ratio_lines(results: dict[str, Any]) -> list[str]:
+    i20 = results.get("issue20", {})
+    lines = ["Issue 20's ratios (superfile / peer; `met` against the issue's bound):", ""]
+    for name, (bound, op) in TARGETS.items():
+        for sf, val in i20.get(name, {}).items():
+            if not isinstance(val, dict):
+                lines.append(f"- {name} {sf}: {val}")
+                continue
+            nums = ", ".join(
+                f"{th} thr {x:.2f}x ({verdict(x, bound, op)})" for th, x in val.items() if th in ("1", "2")
+            )
+            extra = ""
+            if "usearch_setting" in val:
+                extra = (
+                    f" (superfile {val['superfile_setting']} recall {val['superfile_recall']:.3f}, "
+                    f"usearch {val['usearch_setting']} recall {val['usearch_recall']:.3f})"
+                )
+            lines.append(f"- {name} {sf} (target {op} {bound}x): {nums}{extra}")
+    lines += ["", f"q/s at 2 client threads / at 1 (target >= {SCALING_TARGET}x):", ""]
+    for kind, systems in i20.get("qps_2_over_1", {}).items():
+        for system, per in systems.items():
+            nums = ", ".join(f"{s} {x:.2f}x" for s, x in per.items())
+            lines.append(f"- {kind} {system}: {nums}")
+    if i20.get("after_over_before"):
+        lines += ["", "superfile / superfile-before (after / before, same run; below 1 is faster for p50 and CPU):", ""]
+        for kind, per in i20["after_over_before"].items():
+            for setting, m in per.items():
+                lines.append(f"- {kind} {setting}: " + ", ".join(f"{k} {x:.2f}x" for k, x in m.items()))
+    return lines
+
+
 def markdown(results: dict[str, Any], target: float) -> str:
     cfg = results.get("config", {})
     builds = results.get("builds", {})
-    r = ratios(results, target)
     lines = [
-        "## Search latency and throughput (1M rows, 16 superfiles)",
+        f"## Search latency and throughput ({cfg.get('rows', 0):,} rows, "
+        f"{builds.get('superfile', {}).get('superfiles', '?')} superfiles)",
         "",
-        f"`{results.get('command', '')}`",
+        *[
+            f"- {kind}: `{run['command']}` (superfile {run['after']}"
+            + (f", superfile-before {run['before']}" if run.get("before") else "")
+            + f"; load average {run['load_start']} at the start, {run['load_end']} at the end; {run['utc']})"
+            for kind, run in results.get("runs", {}).items()
+        ],
         "",
-        f"{cfg.get('rows', 0):,} rows (Cranfield + Vaswani documents repeated, vectors jittered) in "
-        f"{builds.get('superfile', {}).get('superfiles', '?')} superfiles of "
+        f"{cfg.get('rows', 0):,} rows (Cranfield + Vaswani documents repeated, vectors jittered) in superfiles of "
         f"<= {cfg.get('max_rows_per_superfile', 0):,} "
         "rows on file://, against a single tantivy index (same English analysis), a single usearch HNSW index (f16, "
         "M=16) and LanceDB (native FTS, IVF_PQ) over the same rows, in the same run, each system in its own process. "
+        "superfile-before is the same table opened by the library of another checkout (`--before-path`). "
         f"{results.get('queries', 318)} real queries (Vaswani 93 + Cranfield 225), warm caches; latency percentiles "
-        "are over queries; q/s = queries / wall time with 1 and 2 client threads. Recall@10 against exact float32 "
+        "are over queries; q/s = queries / wall time with 1 and 2 client threads; CPU ms/query = the measuring "
+        "process's CPU time (all its threads) over the timed passes / queries. Recall@10 against exact float32 "
         "brute force; filtered rows: `where doc_id % 1000 < cut` (uniform over the corpus), recall against the exact "
-        "top 10 among the allowed rows, LanceDB with prefilter=True, usearch has no predicate filter. "
+        "top 10 among the allowed rows, LanceDB with prefilter=True, usearch has no predicate filter. Hybrid: BM25 "
+        f"and vector fused by RRF (k=60), {HYBRID_DEPTH} candidates from each (LanceDB: query_type='hybrid' with its "
+        "RRFReranker, limit 100 cut to 10); no exact reference, so no recall. "
         "2-core machine shared with other jobs: medians of "
         f"{cfg.get('repeat', 1)} run(s).",
         "",
         *table_lines(results),
         "",
-        "Ratios (superfile p50 / peer p50; below 1 means superfile is faster):",
+        *ratio_lines(results),
+        "",
+        "Earlier ratios (superfile p50 / peer p50; vector at the fastest setting reaching the recall target):",
         "",
     ]
-    for name, val in r.items():
+    for name, val in results.get("ratios", {}).items():
         if isinstance(val, dict):
             extra = ""
             if "superfile_setting" in val:
                 extra = f" (superfile {val['superfile_setting']}, peer {val['peer_setting']})"
-            nums = ", ".join(
-                f"{th} thr {x:.2f}x" for th, x in val.items() if th not in ("superfile_setting", "peer_setting")
-            )
+            nums = ", ".join(f"{th} thr {x:.2f}x" for th, x in val.items() if th in ("1", "2"))
             lines.append(f"- {name}: {nums}{extra}")
         else:
             lines.append(f"- {name}: {val}")
-    if "bm25_agreement" in results:
-        lines += ["", f"BM25 score agreement with the single tantivy index: {json.dumps(results['bm25_agreement'])}"]
+    for kind, agree in results.get("agreement", {}).items():
+        lines += ["", f"{kind}: answers of superfile against: {json.dumps(agree)}"]
     lines += [
         "",
         "Builds (one process each, seconds): "
@@ -777,12 +963,19 @@ def main() -> None:
     p.add_argument("--max-rows-per-superfile", type=int, default=62_500)
     p.add_argument("--cache", default="/tmp/sfbench-search")
     p.add_argument("--rebuild", action="store_true", help="drop the cache and build every index again")
-    p.add_argument("--kinds", default="vector,bm25", help="any of vector, filtered, bm25 (run in that order)")
-    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--kinds", default="vector,bm25", help="any of vector, filtered, bm25, hybrid (run in that order)")
+    p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s != "superfile-before"))
+    p.add_argument(
+        "--before-path",
+        help="a checkout's libs/superfile: adds the system superfile-before, this table opened with that library",
+    )
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--passes", type=int, default=2, help="passes over all queries per measurement")
     p.add_argument("--threads", default="1,2", help="client thread counts")
     p.add_argument("--recall-target", type=float, default=0.95)
+    p.add_argument("--out", default="search", help="results go to <results-dir>/<out>.json and .md")
+    p.add_argument("--results-dir", default=str(RESULTS))
+    p.add_argument("--build-only", action="store_true", help="build what the kinds and systems need, measure nothing")
     p.add_argument("--child-build")
     p.add_argument("--child-measure", nargs=2, metavar=("SYSTEM", "KIND"))
     args = p.parse_args()
@@ -807,22 +1000,36 @@ def main() -> None:
 
     command = " ".join([".venv/bin/python", "bench/search_bench.py", *map(shlex.quote, sys.argv[1:])])
     kinds = [k for k in KINDS if k in args.kinds.split(",")]
-    systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    wanted = args.systems.split(",") + (["superfile-before"] if args.before_path else [])
+    systems = [s for s in SYSTEMS if s in wanted]
+    if "superfile-before" in systems and not args.before_path:
+        p.error("superfile-before needs --before-path")
     ensure_builds(args, kinds, systems)
+    if args.build_only:
+        return
+    before_env: dict[str, str] = {}
+    if args.before_path:
+        before = str(Path(args.before_path).resolve())
+        before_env = {"PYTHONPATH": os.pathsep.join(x for x in (before, os.environ.get("PYTHONPATH")) if x)}
 
-    path = RESULTS / "search.json"
+    out_dir = Path(args.results_dir)
+    path = out_dir / f"{args.out}.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    if results.get("config", {}).get("rows") != args.rows:
+    same_table = {"rows": args.rows, "max_rows_per_superfile": args.max_rows_per_superfile}
+    if {k: results.get("config", {}).get(k) for k in same_table} != same_table:
         results = {}
-    commands = results.get("commands", {})
+    runs_info = results.get("runs", {})
+    agreement = results.get("agreement", {})
     for kind in kinds:
+        load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
         runs: dict[str, list[dict[str, Any]]] = {}
         for _ in range(args.repeat):
             for system in systems:
                 if system not in KIND_SYSTEMS[kind]:
                     continue
+                env = before_env if system == "superfile-before" else None
                 try:
-                    res = run_isolated(Path(__file__), *common_argv(args), "--child-measure", system, kind)
+                    res = run_isolated(Path(__file__), *common_argv(args), "--child-measure", system, kind, env=env)
                 except RuntimeError as e:  # e.g. a search the library does not support yet: keep the others
                     print(f"{kind} {system} FAILED: {str(e)[-1500:]}", flush=True)
                     continue
@@ -830,36 +1037,51 @@ def main() -> None:
                 brief = [(s["setting"], s.get("recall"), s["threads"]) for s in res["settings"]]
                 print(kind, system, json.dumps(brief), flush=True)
         kind_res = {s: summarize(rs) for s, rs in runs.items()}
-        if kind == "bm25" and "superfile" in kind_res:
-            agree = {}
-            for peer in ("tantivy", "lancedb"):
-                if peer in kind_res:
-                    agree[peer] = score_agreement(
-                        kind_res["superfile"]["settings"][0]["scores"], kind_res[peer]["settings"][0]["scores"]
-                    )
-            results["bm25_agreement"] = agree
+        agree: dict[str, Any] = {}
+        if "superfile" in kind_res:
+            mine = kind_res["superfile"]["settings"]
+            if "superfile-before" in kind_res:
+                agree["superfile-before"] = {
+                    a["setting"]: same_answers(a, b)
+                    for a, b in zip(mine, kind_res["superfile-before"]["settings"], strict=True)
+                }
+            if kind == "bm25":
+                for peer in ("tantivy", "lancedb"):
+                    if peer in kind_res:
+                        agree[peer] = score_agreement(mine[0]["scores"], kind_res[peer]["settings"][0]["scores"])
+        agreement[kind] = agree
         for r in kind_res.values():
             for s in r["settings"]:
                 s.pop("scores", None)
-        results.setdefault(kind, {}).update(kind_res)
-        commands[kind] = command
-    results["commands"] = commands
-    results["command"] = " ; ".join(dict.fromkeys(commands.values()))
+                s.pop("ids", None)
+        results[kind] = kind_res  # a kind's rows all come from one run
+        runs_info[kind] = {
+            "command": command,
+            "after": git_commit(ROOT / "libs" / "superfile"),
+            "before": git_commit(Path(args.before_path)) if args.before_path else None,
+            "load_start": load_start,
+            "load_end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "repeat": args.repeat,
+            "passes": args.passes,
+        }
+    results["runs"] = runs_info
+    results["agreement"] = agreement
     results["config"] = {
-        "rows": args.rows,
-        "max_rows_per_superfile": args.max_rows_per_superfile,
-        "repeat": args.repeat,
-        "passes": args.passes,
+        **same_table,
         "threads": threads,
         "recall_target": args.recall_target,
         "cpu_count": os.cpu_count(),
+        "repeat": args.repeat,
     }
     results["queries"] = queries().num_rows
     results["builds"] = {k: v for k, v in build_info(cache).items() if k != "config"}
     results["ratios"] = ratios(results, args.recall_target)
-    save("search", results)
+    results["issue20"] = issue20(results, args.recall_target)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
     md = markdown(results, args.recall_target)
-    (RESULTS / "search.md").write_text(md)
+    (out_dir / f"{args.out}.md").write_text(md)
     print()
     print(md)
 
