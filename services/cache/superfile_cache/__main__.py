@@ -45,7 +45,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=args.host,
         port=args.port,
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=10)
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
     return 0
 
 

@@ -232,15 +232,15 @@ class Fleet:
         return assign(paths, self._live())
 
     # -- calls ------------------------------------------------------------------------------
-    def _ask(self, url: str, request: LeafRequest, deadline: float) -> pa.Table | dict[str, Any]:
+    def _ask(
+        self, url: str, request: LeafRequest, deadline: float, args_json: str | None = None
+    ) -> pa.Table | dict[str, Any]:
         left = deadline - time.monotonic()
         if left <= 0:
             raise _NoAnswer(f"{url}: the deadline passed")
         start = time.perf_counter()
         try:
-            response = self._http.request(
-                "POST", f"{url}/v1/leaf", body=json.dumps(request.to_json()).encode(), timeout=left
-            )
+            response = self._http.request("POST", f"{url}/v1/leaf", body=request.encode(args_json), timeout=left)
         except urllib3.exceptions.HTTPError as e:
             self._metrics.failures.inc()
             raise _NoAnswer(f"{url}: {e}") from None
@@ -262,7 +262,9 @@ class Fleet:
             return None
         return max(_HEDGE_FLOOR_S, float(np.quantile(np.fromiter(self._latencies, float), 0.95)))
 
-    def _first(self, url: str, backup: str | None, request: LeafRequest, deadline: float) -> Any:
+    def _first(
+        self, url: str, backup: str | None, request: LeafRequest, deadline: float, args_json: str | None = None
+    ) -> Any:
         """``url``'s answer, or ``backup``'s if ``url`` is still silent after the p95 and that one answers first.
 
         The p95 is over what callers waited: a call that was hedged counts as the p95 itself, so a node that
@@ -270,10 +272,10 @@ class Fleet:
         p95 = self._p95() if backup is not None else None
         start = time.perf_counter()
         if p95 is None:
-            answer = self._ask(url, request, deadline)
+            answer = self._ask(url, request, deadline, args_json)
             self._latencies.append(time.perf_counter() - start)
             return answer
-        primary = self._hedges.submit(self._ask, url, request, deadline)
+        primary = self._hedges.submit(self._ask, url, request, deadline, args_json)
         done, _ = wait([primary], timeout=p95)
         if done:
             self._latencies.append(time.perf_counter() - start)
@@ -284,7 +286,7 @@ class Fleet:
         self._latencies.append(p95)
         # the backup owns none of the share: it reads what the work needs and keeps no copies
         hedge = replace(request, transient=True)
-        pending: set[Future[Any]] = {primary, self._hedges.submit(self._ask, backup, hedge, deadline)}
+        pending: set[Future[Any]] = {primary, self._hedges.submit(self._ask, backup, hedge, deadline, args_json)}
         failure: BaseException | None = None
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -309,38 +311,61 @@ class Fleet:
         tried: frozenset[str],
         deadline: float,
         round_: int = 0,
+        args_json: str | None = None,
     ) -> list[Any]:
-        """The answers for ``paths`` from ``url``, or (when it gives none) from the next nodes in their order;
-        once every node was tried, up to ``_ROUNDS`` rounds over all of them again, with a pause between."""
+        """The answers for ``paths`` from ``url``, or (when it gives none) from the next nodes in their order
+        (:meth:`_next`)."""
         request = LeafRequest(snap.files.name, snap.path, tuple(paths), op, args)
         others = [u for u in self._live() if u not in tried]
         backup = rank(paths[0], others)[0] if others else None
         try:
             if backup is not None and self._resting(url) and not self._resting(backup):
                 with contextlib.suppress(_NoAnswer):  # else the owner, slow as it is
-                    return [self._ask(backup, replace(request, transient=True), deadline)]
-            return [self._first(url, backup, request, deadline)]
+                    return [self._ask(backup, replace(request, transient=True), deadline, args_json)]
+            return [self._first(url, backup, request, deadline, args_json)]
         except _NoAnswer as e:
-            self._down(url)
-            tried = tried | {url}
-            rest = [u for u in self._live() if u not in tried]
-            if not rest and round_ + 1 < _ROUNDS:
-                time.sleep(min(0.05 * 2**round_, max(0.0, deadline - time.monotonic())))
-                tried, rest, round_ = frozenset(), [m.url for m in self.members()], round_ + 1
-            if not rest or time.monotonic() >= deadline:
-                raise CacheNodeUnavailableError(
-                    f"no cache node answered for {len(paths)} superfiles of {snap.files.name!r} (last: {e})"
-                ) from None
-            self._metrics.retries.inc()
-            log.warning("cache node %s gave no answer (%s); its share goes to the next nodes", url, e)
-            out: list[Any] = []
-            for node, share in assign(paths, rest).items():
-                if share:
-                    out += self._share(snap, node, share, op, args, tried, deadline, round_)
-            return out
+            return self._next(snap, url, paths, op, args, tried, deadline, round_, args_json, e)
+
+    def _next(
+        self,
+        snap: Snapshot,
+        url: str,
+        paths: list[str],
+        op: str,
+        args: dict[str, Any],
+        tried: frozenset[str],
+        deadline: float,
+        round_: int,
+        args_json: str | None,
+        error: _NoAnswer,
+    ) -> list[Any]:
+        """``url`` gave no answer for ``paths``: mark it down and send them on, by rendezvous over the live
+        nodes not tried yet; once every node was tried, up to ``_ROUNDS`` rounds over all of them again, with
+        a pause between."""
+        self._down(url)
+        tried = tried | {url}
+        rest = [u for u in self._live() if u not in tried]
+        if not rest and round_ + 1 < _ROUNDS:
+            time.sleep(min(0.05 * 2**round_, max(0.0, deadline - time.monotonic())))
+            tried, rest, round_ = frozenset(), [m.url for m in self.members()], round_ + 1
+        if not rest or time.monotonic() >= deadline:
+            raise CacheNodeUnavailableError(
+                f"no cache node answered for {len(paths)} superfiles of {snap.files.name!r} (last: {error})"
+            ) from None
+        self._metrics.retries.inc()
+        log.warning("cache node %s gave no answer (%s); its share goes to the next nodes", url, error)
+        out: list[Any] = []
+        for node, share in assign(paths, rest).items():
+            if share:
+                out += self._share(snap, node, share, op, args, tried, deadline, round_, args_json)
+        return out
 
     def run(self, snap: Snapshot, paths: Sequence[str], op: str, args: dict[str, Any]) -> list[Any]:
-        """``op`` over ``paths`` of ``snap``: one leaf call per owning node, concurrently; their answers."""
+        """``op`` over ``paths`` of ``snap``: one leaf call per owning node, concurrently; their answers.
+
+        The calling thread sends every node's call to the pool at once and waits for them, hedging from here
+        a call still silent after the p95: one thread hand-off per leaf call. A share whose owner rests, or
+        that got no answer, goes through :meth:`_share` / :meth:`_next` (retries, rounds)."""
         if not paths:
             return []
         deadline = time.monotonic() + self.deadline_s
@@ -348,13 +373,73 @@ class Fleet:
         if not groups:
             raise CacheNodeUnavailableError("the query service knows no cache node")
         self._metrics.width.observe(len(groups))
+        args_json = json.dumps(args)  # once for every share (a query vector is most of it)
+        p95 = self._p95()
+        if len(groups) == 1 and p95 is None:  # nothing to wait for but the one call: in this thread
+            url, share = groups[0]
+            return self._share(snap, url, share, op, args, frozenset({url}), deadline, 0, args_json)
+        live = self._live()
+        start = time.perf_counter()
+        answers: list[list[Any] | None] = [None] * len(groups)
+        calls: dict[Future[Any], tuple[int, str]] = {}  # a call in flight -> (its group, "owner"|"hedge"|"share")
+        pending: set[Future[Any]] = set()
 
-        def one(group: tuple[str, list[str]]) -> list[Any]:
-            return self._share(snap, group[0], group[1], op, args, frozenset({group[0]}), deadline)
+        def send(call: Future[Any], group: int, kind: str) -> None:
+            calls[call] = (group, kind)
+            pending.add(call)
 
-        if len(groups) == 1:
-            return one(groups[0])
-        return [answer for answers in self._calls.map(one, groups) for answer in answers]
+        backups: list[str | None] = []
+        hedged = [False] * len(groups)
+        for i, (url, share) in enumerate(groups):
+            others = [u for u in live if u != url]
+            backup = rank(share[0], others)[0] if others else None
+            backups.append(backup)
+            if backup is not None and self._resting(url) and not self._resting(backup):
+                hedged[i] = True  # _share sends it to the backup first
+                send(self._calls.submit(self._share, snap, url, share, op, args, frozenset({url}), deadline,
+                                        0, args_json), i, "share")  # fmt: skip
+            else:
+                request = LeafRequest(snap.files.name, snap.path, tuple(share), op, args)
+                send(self._hedges.submit(self._ask, url, request, deadline, args_json), i, "owner")
+        while any(a is None for a in answers):  # a hedged pair's loser is left running (its pool's thread)
+            unhedged = p95 is not None and any(not hedged[i] and answers[i] is None for i in range(len(groups)))
+            timeout = max(0.0, start + p95 - time.perf_counter()) if unhedged and p95 is not None else None
+            done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            pending -= done
+            for f in done:
+                i, kind = calls[f]
+                if answers[i] is not None:
+                    continue  # the other call of a hedged pair answered first
+                url, share = groups[i]
+                error = f.exception()
+                if error is None:
+                    answers[i] = f.result() if kind == "share" else [f.result()]
+                    if kind != "share" and not hedged[i]:
+                        self._latencies.append(time.perf_counter() - start)
+                        if p95 is not None:
+                            self._struck(url, lost=False)
+                    elif kind != "share":
+                        self._struck(url, lost=kind == "hedge")
+                    continue
+                if kind == "share" or not isinstance(error, _NoAnswer):
+                    raise error  # a typed error is the read's answer; _share raises only final ones
+                if any(calls[other][0] == i for other in pending):
+                    continue  # its hedge partner may still answer
+                hedged[i] = True  # no hedge for a share being sent on
+                send(self._calls.submit(self._next, snap, url, share, op, args, frozenset({url}), deadline,
+                                        0, args_json, error), i, "share")  # fmt: skip
+            if p95 is not None and time.perf_counter() - start >= p95:
+                for i, (_, share) in enumerate(groups):
+                    backup = backups[i]
+                    if hedged[i] or answers[i] is not None or backup is None:
+                        continue
+                    hedged[i] = True
+                    self._metrics.hedges.inc()
+                    self._latencies.append(p95)
+                    # the backup owns none of the share: it reads what the work needs and keeps no copies
+                    hedge = LeafRequest(snap.files.name, snap.path, tuple(share), op, args, transient=True)
+                    send(self._hedges.submit(self._ask, backup, hedge, deadline, args_json), i, "hedge")
+        return [answer for group in answers for answer in group or []]
 
     # -- Fanout: scans and counts for SQL and to_arrow --------------------------------------
     def scan_parts(self, snap: Snapshot, columns: list[str], where: Predicate | None) -> list[pa.Table]:

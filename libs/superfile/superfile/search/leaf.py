@@ -53,6 +53,13 @@ class LeafRequest:
             "transient": self.transient,
         }
 
+    def encode(self, args_json: str | None = None) -> bytes:
+        """The request's JSON body; ``args_json``: its ``args`` already encoded (a root encodes a read's
+        arguments, a query vector among them, once for all its leaf calls)."""
+        head = {k: v for k, v in self.to_json().items() if k != "args"}
+        args = json.dumps(dict(self.args)) if args_json is None else args_json
+        return f'{json.dumps(head)[:-1]}, "args": {args}}}'.encode()
+
     @classmethod
     def from_json(cls, body: object) -> LeafRequest:
         """The request a JSON body describes; an :class:`InvalidInputError` naming what is wrong otherwise."""

@@ -13,6 +13,7 @@ hundred nodes place in numpy in about a second.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 
@@ -23,6 +24,7 @@ __all__ = ["assign", "rank"]
 _M64 = (1 << 64) - 1
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a root places the same superfiles and nodes on every read
 def _hash(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
 
