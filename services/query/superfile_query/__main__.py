@@ -64,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         log_level="info",
+        access_log=False,  # the gateway in front logs the caller's request; this one is its copy
         timeout_graceful_shutdown=math.ceil(settings.drain_s),
     )
     return 0

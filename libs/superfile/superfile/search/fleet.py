@@ -54,6 +54,7 @@ _HEDGE_FLOOR_S = 0.02  # never hedge a call sooner than this
 _ROUNDS = 3  # a share goes round every node at most this often before the read fails
 _SLOW_STRIKES = 3  # hedges in a row another node wins before a node rests from placement
 _SLOW_REST_S = 10.0  # how long it rests
+_P95_EVERY_S = 0.1  # how stale the hedging threshold may be
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class Fleet:
         self._lock = threading.Lock()
         self.generation = 0  # changes whenever a node joins, leaves, fails or recovers (placement moves)
         self._latencies: deque[float] = deque(maxlen=512)
+        self._p95_cached: tuple[float, float] | None = None  # (when, p95)
         self._calls = ThreadPoolExecutor(32, thread_name_prefix="superfile-fanout")
         # calls a hedge may leave running until the deadline: a pool of their own, apart from health checks
         self._hedges = ThreadPoolExecutor(64, thread_name_prefix="superfile-hedge")
@@ -258,9 +260,15 @@ class Fleet:
         raise error
 
     def _p95(self) -> float | None:
+        """The hedging threshold: recomputed at most every ``_P95_EVERY_S`` (a quantile of 512 latencies on
+        every read cost more than the rest of its planning)."""
         if not self.hedge or len(self._latencies) < _HEDGE_MIN_SAMPLES:
             return None
-        return max(_HEDGE_FLOOR_S, float(np.quantile(np.fromiter(self._latencies, float), 0.95)))
+        now = time.monotonic()
+        if self._p95_cached is None or now - self._p95_cached[0] > _P95_EVERY_S:
+            p95 = max(_HEDGE_FLOOR_S, float(np.quantile(np.fromiter(self._latencies, float), 0.95)))
+            self._p95_cached = (now, p95)
+        return self._p95_cached[1]
 
     def _first(
         self, url: str, backup: str | None, request: LeafRequest, deadline: float, args_json: str | None = None
