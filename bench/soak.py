@@ -66,6 +66,9 @@ _SCRAPED = (
     "files_removed_total",
     "errors_total",
     "compaction_wait_seconds_count",
+    "compaction_wait_seconds_sum",
+    "commit_seconds_count",
+    "commit_seconds_sum",
 )
 
 
@@ -143,6 +146,19 @@ def sample_rss(roots: dict[str, int]) -> dict[str, dict[str, float]]:
         if mems:
             out[f"{name} (children)"] = {k: sum(m[i] for m in mems) for i, k in enumerate(("rss", "anon", "file"))}
     return out
+
+
+def deleted_mapped_mb(pid: int) -> float:
+    """Resident MB of files the process still maps after they were deleted (a cache evicted them, or
+    cleanup removed them, while a reader held them open)."""
+    total, deleted = 0, False
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+            if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                deleted = line.endswith("(deleted)")
+            elif deleted and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total / 1024
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -381,19 +397,28 @@ def verdicts(minutes: list[dict[str, Any]], soak: Soak) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     minutes = result["minutes"]
     names = sorted({n for rec in minutes for n in rec["rss_mb"]})
-    head = ["min", "p50 s", "p95 s", "rows/s", "versions (retained)", "superfiles", "storage MB (current)"]
+    head = ["min", "p50 s", "p95 s", "rows/s", "commits (mean s)", "compaction waits", "load"]
+    head += ["versions (retained)", "superfiles", "storage MB (current)"]
     head += [f"{n} MB" for n in names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def f(x: float | None, fmt: str = ".2f") -> str:
         return "-" if x is None else format(x, fmt)
 
+    prev: dict[str, float] = {}
     for rec in minutes:
+        b = rec["builder"]
+        d = {k: b.get(k, 0.0) - prev.get(k, 0.0) for k in _SCRAPED}
+        prev = b
+        commits = d["commit_seconds_count"]
         row = [
             str(rec["minute"]),
             f(rec["p50_s"]),
             f(rec["p95_s"]),
             f(rec["rows_published"] / 60, ".0f"),
+            f"{commits:.0f} ({d['commit_seconds_sum'] / max(commits, 1):.2f})",
+            f"{d['compaction_wait_seconds_count']:.0f} ({d['compaction_wait_seconds_sum']:.0f} s)",
+            f(rec["load_average"], ".1f"),
             f"{rec['version']} ({rec['retained_versions']})",
             str(rec["superfiles"]),
             f"{rec['storage']['bytes'] / _MB:.0f} ({rec['live_superfile_bytes'] / _MB:.0f})",
@@ -589,6 +614,7 @@ def main() -> None:
                     rec["builder"] = scrape(metrics_port)
                     rec["load_average"] = os.getloadavg()[0]
                     rec["builder_alive"] = builder.poll() is None
+                    rec["deleted_files_mapped_mb"] = {n: deleted_mapped_mb(pid) for n, pid in roots.items()}
                     minutes.append(rec)
                     print(
                         f"minute {m}: v{rec['version']} ({rec['retained_versions']} retained), "
