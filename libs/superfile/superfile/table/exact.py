@@ -15,33 +15,35 @@ results the index would give:
 - :func:`nearest` scans the vectors: exact distances under the column's metric (``exact_distances``, as the
   indexed path reranks), nearest first, ties by row.
 
-Analysing a column costs a pass over its values; it is kept per superfile and column (:data:`_analysed`), as
-an index would be, until the background rewrite replaces the file.
+Analysing a column costs a pass over its values; it is kept per superfile and column (:data:`_analysed`, up to
+:data:`ANALYSED_BYTES` of analyses, not a count: a table of 10,000 small level-0 superfiles keeps them all), as an
+index would be, until the background rewrite replaces the file.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyroaring
 
-from superfile._lru import LRU
+from superfile._lru import BudgetLRU
 from superfile.errors import InvalidOptionError
 from superfile.format.fulltext import Candidates, CorpusStats, corpus_df, idf, make_analyzer
 from superfile.format.tantivy_files import FIELDNORMS
 from superfile.format.vector_index import exact_distances
 
-__all__ = ["ExactCandidates", "ExactText", "analysed", "nearest"]
+__all__ = ["ANALYSED_BYTES", "ExactCandidates", "ExactText", "analysed", "nearest"]
 
 _K1, _B = 1.2, 0.75  # tantivy's BM25 constants, as format/fulltext.py uses them
 _MODES = {"any": False, "or": False, "all": True, "and": True}
 
-_analysed = LRU(32)  # storage URI # superfile path # column # tokenizer -> ExactText
+ANALYSED_BYTES = 512 << 20
+_analysed = BudgetLRU((ANALYSED_BYTES,), lambda text: (text.nbytes,))  # URI # path # column # tokenizer -> ExactText
 
 
 class ExactCandidates(Candidates):
@@ -84,6 +86,9 @@ class ExactText:
         self._postings = {t: (np.asarray(rows[t], np.int64), np.asarray(freqs[t], np.float64)) for t in rows}
         self.total_tokens = int(lengths.sum())
         self._lengths = FIELDNORMS[np.searchsorted(FIELDNORMS, lengths, side="right") - 1].astype(np.float64)
+        # what it holds: the values, 16 bytes a posting, the lengths, and ~200 bytes of Python objects a term
+        postings = sum(len(r) for r, _ in self._postings.values())
+        self.nbytes = values.nbytes + 16 * postings + self._lengths.nbytes + 200 * len(self._postings)
 
     def doc_freq(self, term: str) -> int:
         """Rows containing the analysed ``term``."""
@@ -166,9 +171,10 @@ class ExactText:
         return ExactCandidates(rows, score[rows])
 
 
-def analysed(key: str, values: pa.Array | pa.ChunkedArray, tokenizer: str) -> ExactText:
-    """The analysis of one superfile's column (``key`` names the file and column), kept for later queries."""
-    found, _ = _analysed.get_or_load(f"{key}#{tokenizer}", lambda: ExactText(values, tokenizer))
+def analysed(key: str, values: Callable[[], pa.Array | pa.ChunkedArray], tokenizer: str) -> ExactText:
+    """The analysis of one superfile's column (``key`` names the file and column; ``values()`` reads the column,
+    only when it is not kept yet), kept for later queries."""
+    found, _ = _analysed.get_or_load(f"{key}#{tokenizer}", lambda: ExactText(values(), tokenizer))
     return found
 
 

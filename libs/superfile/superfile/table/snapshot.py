@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import logging
+import os
+import resource
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -13,12 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyroaring
 
-from superfile._lru import LRU
-from superfile.errors import CorruptSuperfileError, ObjectNotFoundError, SuperfileMissingError
+from superfile._lru import BudgetLRU
+from superfile.errors import CorruptSuperfileError, InvalidOptionError, ObjectNotFoundError, SuperfileMissingError
 from superfile.evolution import plain
 from superfile.expressions import Predicate
 from superfile.format import SuperfileReader
-from superfile.format.reader import DEFAULT_CACHE_DIR
+from superfile.format.reader import DEFAULT_CACHE_DIR, FOOTER_FACTOR, READ_WHOLE_BYTES, READER_OVERHEAD
 from superfile.io import Storage
 from superfile.io.cache import DiskCache
 from superfile.manifest.model import ManifestList, PartRef, SuperfileEntry
@@ -28,7 +33,7 @@ from superfile.schema import ID
 from superfile.table.columns import FileColumns
 from superfile.table.index_filter import candidate_rows, text_pruner
 
-__all__ = ["INDEXED_FRACTION", "Fanout", "Snapshot", "TableFiles", "offsets_of"]
+__all__ = ["INDEXED_FRACTION", "Fanout", "Snapshot", "TableFiles", "offsets_of", "open_readers"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,6 +46,81 @@ INDEXED_FRACTION = 0.1  # read only a superfile's index candidates when they are
 
 
 _FEW_ROWS = 1024
+
+OPEN_BYTES_ENV = "SUPERFILE_OPEN_BYTES"
+OPEN_FILES_ENV = "SUPERFILE_OPEN_FILES"
+_MAX_DEFAULT_FILES = 4096
+
+
+def _default_open_bytes() -> int:
+    """A quarter of the machine's memory (2 GiB where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError):
+        return 2 << 30
+
+
+def _default_open_files() -> int:
+    """4096, or less where half the descriptor limit (``ulimit -n``) or a quarter of the map limit
+    (``vm.max_map_count``) is lower: the rest stays for sockets, Parquet decoding and tantivy's own."""
+    limits = [_MAX_DEFAULT_FILES]
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY:
+        limits.append(soft // 2)
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limits.append(int(f.read()) // 4)
+    except (OSError, ValueError):
+        pass
+    return max(1, min(limits))
+
+
+def _budget(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidOptionError(f"{name} must be a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise InvalidOptionError(f"{name} must be a positive integer, got {raw!r}")
+    return value
+
+
+def _held(reader: SuperfileReader) -> tuple[int, int]:
+    return reader.held()
+
+
+@functools.cache
+def open_readers() -> BudgetLRU:
+    """The process's open superfiles (every table's), least recently used evicted past either budget: the
+    bytes they hold (``SUPERFILE_OPEN_BYTES``, default a quarter of memory) and their file handles, descriptors
+    plus mappings (``SUPERFILE_OPEN_FILES``, default 4096 or less, :func:`_default_open_files`). Read once, at the
+    first table opened; ``set_limits((bytes, files))`` changes them (docs/storage.md, "Open superfiles")."""
+    limits = (_budget(OPEN_BYTES_ENV, _default_open_bytes()), _budget(OPEN_FILES_ENV, _default_open_files()))
+    return BudgetLRU(limits, _held)
+
+
+def _estimate(entry: SuperfileEntry) -> tuple[int, int]:
+    """What opening ``entry`` will hold (``SuperfileReader.held``), from the manifest alone, before its indexes
+    are opened: the footer taken as half a small file's size, at most 64 KiB."""
+    footer = min(entry.size // 2, 64 * 1024)
+    return entry.size + READER_OVERHEAD + FOOTER_FACTOR * footer, int(entry.size > READ_WHOLE_BYTES)
+
+
+_owners = itertools.count()
+# Tables whose files object was collected: their readers are dropped at the next open of a cold superfile (not in
+# the finalizer, which the collector may run while this thread holds the cache's lock)
+_gone: set[int] = set()
+
+
+def _drop_gone(readers: BudgetLRU) -> None:
+    gone = set()
+    while _gone:
+        gone.add(_gone.pop())
+    if gone:
+        readers.discard(lambda key: key[0] not in gone)
 
 
 def offsets_of(rows: pyroaring.AbstractBitMap) -> np.ndarray:
@@ -94,20 +174,27 @@ class TableFiles:
         self.verify = verify
         self.cache_dir = cache_dir or DEFAULT_CACHE_DIR
         self.disk_cache = disk_cache  # local copies of remote superfiles (None: each is read into memory)
-        self._readers = LRU(256)
+        self._readers = open_readers()  # shared by every table of the process: one budget
+        self._owner = next(_owners)  # this table's keys in it: (owner, path)
+        weakref.finalize(self, _gone.add, self._owner)
 
     def open(self, entry: SuperfileEntry) -> SuperfileReader:
+        key = (self._owner, entry.path)
+
         def opened(
             source: str | bytes | pa.Buffer, ensure: Callable[[int, int], None] | None = None
         ) -> SuperfileReader:
-            return SuperfileReader.open(
+            reader = SuperfileReader.open(
                 source,
                 name=f"{self.storage.uri.rstrip('/')}/{entry.path}",
                 verify=self.verify,
                 cache_dir=self.cache_dir,
                 expected_footer_crc32=entry.footer_crc32,
                 ensure=ensure,
+                handles=2 if isinstance(source, pa.Buffer) else None,  # a disk-cache copy: an mmap and its fd
             )
+            reader.on_grow = functools.partial(self._readers.charge, key)  # no cycle: freed once evicted and unused
+            return reader
 
         def load() -> SuperfileReader:
             local = self.storage.local_path(entry.path)
@@ -130,12 +217,13 @@ class TableFiles:
                 return opened(self.storage.read(entry.path))
 
         def load_or_name_missing() -> SuperfileReader:
+            _drop_gone(self._readers)
             try:
                 return load()
             except (FileNotFoundError, ObjectNotFoundError):
                 raise SuperfileMissingError(entry.path, table=self.storage.uri) from None
 
-        reader, loaded = self._readers.get_or_load(entry.path, load_or_name_missing)
+        reader, loaded = self._readers.get_or_load(key, load_or_name_missing)
         if not loaded and self.disk_cache is not None:
             self.disk_cache.touch(self.storage, entry.path)
         return reader
@@ -148,7 +236,27 @@ class TableFiles:
         return {"resident_superfiles": len(resident), "resident_bytes": sum(e.size for e in resident)}
 
     def is_open(self, entry: SuperfileEntry) -> bool:
-        return entry.path in self._readers
+        return (self._owner, entry.path) in self._readers
+
+    def open_paths(self) -> list[str]:
+        """Paths of this table's superfiles open now."""
+        return [path for owner, path in self._readers.held_keys() if owner == self._owner]
+
+    def batches(self, entries: Sequence[SuperfileEntry]) -> list[Sequence[SuperfileEntry]]:
+        """``entries`` in runs whose readers (estimated from the manifest) fit half of each budget: what one
+        pass can open and use before the budget evicts them (a run holds one entry at least)."""
+        limits = [limit // 2 for limit in self._readers.limits]
+        runs: list[Sequence[SuperfileEntry]] = []
+        start, used = 0, [0] * len(limits)
+        for i, entry in enumerate(entries):
+            weight = _estimate(entry)
+            if i > start and any(u + w > lim for u, w, lim in zip(used, weight, limits, strict=True)):
+                runs.append(entries[start:i])
+                start, used = i, [0] * len(limits)
+            used = [u + w for u, w in zip(used, weight, strict=True)]
+        if start < len(entries):
+            runs.append(entries[start:])
+        return runs
 
 
 @dataclass(frozen=True)
@@ -206,11 +314,17 @@ class Snapshot:
         (12.6 ms of CPU) here, and vector search (nprobe 8) 9.1-10.7 ms against 5.7-6.6 ms. Kernels that spend
         their time in native code without the GIL use :meth:`map` instead. Queries from several client threads
         run in parallel with each other either way.
+
+        Over more superfiles than the open budgets hold (``open_readers``), it goes run by run, each run
+        opened and used before the next is, so a reader is not opened, evicted and opened again.
         """
-        cold = [e for e in entries if not self.files.is_open(e)]
-        if len(cold) > 1:
-            self.map(self.files.open, cold)
-        return [fn(e) for e in entries]
+        out: list[R] = []
+        for run in self.files.batches(entries):
+            cold = [e for e in run if not self.files.is_open(e)]
+            if len(cold) > 1:
+                self.map(self.files.open, cold)
+            out.extend(fn(e) for e in run)
+        return out
 
     def parts(self, where: Predicate | None = None) -> list[PartRef]:
         return [p for p in self.manifest.parts if p.live_rows and (where is None or where.might_match(p.stats))]
