@@ -64,7 +64,10 @@ class Connection(Catalog):
     ):
         """``cache_dir``: where full-text indexes are extracted and, on remote storage, superfiles are cached
         (``cache_budget_bytes`` of them on disk, 0 to read each superfile into memory instead;
-        ``cache_memory_bytes`` of their mappings resident, unbounded by default). See docs/storage.md.
+        ``cache_memory_bytes`` of their mappings resident, unbounded by default). See docs/storage.md. The
+        superfiles open at once, every table's in the process, are bounded by the environment's
+        ``SUPERFILE_OPEN_BYTES`` (bytes they hold; default a quarter of memory) and ``SUPERFILE_OPEN_FILES``
+        (descriptors plus mappings; default 4096 or lower): docs/storage.md, "Open superfiles".
         ``storage``: the backend to use instead of the one ``uri`` names (a wrapper around it: fault
         injection, instrumentation). ``maintenance``: compact and clean up the tables this connection
         writes, in the background (True: the default :class:`MaintenancePolicy`; see docs/maintenance.md).
