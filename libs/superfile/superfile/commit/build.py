@@ -21,6 +21,7 @@ from superfile.format import BITMAP_CARDINALITY_LIMIT, SuperfileSpec, VectorColu
 from superfile.format.vector_index import VectorIndexParams
 from superfile.io import Storage
 from superfile.manifest.model import SuperfileEntry
+from superfile.manifest.store import Uploads
 from superfile.options import TableOptions
 from superfile.pools import build_pool
 
@@ -87,24 +88,41 @@ def scalar_index_kinds(rows: pa.Table, options: TableOptions) -> dict[str, str]:
 
 
 def _build_one(
-    shard: Shard, spec: SuperfileSpec, options: TableOptions, storage: Storage, schema_id: int, indexed: bool
+    shard: Shard,
+    spec: SuperfileSpec,
+    options: TableOptions,
+    storage: Storage,
+    schema_id: int,
+    indexed: bool,
+    uploads: Uploads | None,
 ) -> SuperfileEntry:
     built = build_superfile(shard.rows, replace(spec, scalar_indexes=scalar_index_kinds(shard.rows, options)))
     path = f"data/{uuid.uuid4().hex}.parquet"
-    storage.write(path, built.data)
+    if uploads is None:
+        storage.write(path, built.data)
+    else:
+        uploads.put(storage, path, built.data)
     entry = summarize(shard.rows, built, path, shard.partition, options, indexed=indexed)
     return replace(entry, schema_id=schema_id)
 
 
 def build_shards(
-    shards: Sequence[Shard], options: TableOptions, storage: Storage, schema_id: int = 0, *, indexed: bool = True
+    shards: Sequence[Shard],
+    options: TableOptions,
+    storage: Storage,
+    schema_id: int = 0,
+    *,
+    indexed: bool = True,
+    uploads: Uploads | None = None,
 ) -> list[SuperfileEntry]:
     """Build and upload every shard in parallel. Uploaded files stay invisible until a commit names them.
     ``schema_id``: the table schema the rows were coerced to (``options`` are that schema's): the entries
     record it, so a schema change that lands before they publish still reads their columns right.
-    ``indexed=False``: level-0 superfiles, without the full-text and vector indexes (module docstring)."""
+    ``indexed=False``: level-0 superfiles, without the full-text and vector indexes (module docstring).
+    ``uploads``: the files go to the commit's concurrent uploads (``manifest.store.Uploads``) and may still be
+    being written on return; the commit settles them before its pointer swap."""
     spec = superfile_spec(options, indexed=indexed)
     if len(shards) == 1:
-        return [_build_one(shards[0], spec, options, storage, schema_id, indexed)]
-    futures = [build_pool().submit(_build_one, s, spec, options, storage, schema_id, indexed) for s in shards]
+        return [_build_one(shards[0], spec, options, storage, schema_id, indexed, uploads)]
+    futures = [build_pool().submit(_build_one, s, spec, options, storage, schema_id, indexed, uploads) for s in shards]
     return [f.result() for f in futures]

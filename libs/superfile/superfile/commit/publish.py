@@ -57,7 +57,7 @@ from superfile.manifest.model import (
     SuperfileEntry,
     now_ms,
 )
-from superfile.manifest.store import ManifestStore, backoff
+from superfile.manifest.store import ManifestStore, backoff, settle, uploads
 from superfile.manifest.summary import part_ref
 
 __all__ = ["Change", "Deletion", "StaleSuperfileError", "apply_change", "locate", "publish", "publish_with"]
@@ -315,10 +315,12 @@ def publish_with(
                     open_bases.clear()
             if pointer.table_uuid != table_uuid:
                 raise TableNotFoundError("the table was dropped and re-created while this change was staged")
-            current = store.load_list(pointer.manifest)
-            ml = successor(current, pointer.manifest)
-            path = ml.history_tail[-1].manifest
-            store.write_list(ml, path)
+            with uploads():  # this attempt's parts, deletion vectors and list are written concurrently
+                current = store.load_list(pointer.manifest)
+                ml = successor(current, pointer.manifest)
+                path = ml.history_tail[-1].manifest
+                store.write_list(ml, path)
+                settle()  # with the superfiles of an enclosing writer's block: all durable before the swap
         except StorageError as err:
             if not open_bases:
                 raise  # every earlier swap is settled as not landed: nothing committed

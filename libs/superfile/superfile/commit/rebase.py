@@ -30,7 +30,7 @@ from superfile.errors import CorruptSuperfileError, ObjectNotFoundError, Superfi
 from superfile.format import SuperfileReader
 from superfile.format.layout import IDS_SECTION
 from superfile.manifest.model import ManifestList, SuperfileEntry
-from superfile.manifest.store import ManifestStore
+from superfile.manifest.store import ManifestStore, settle
 from superfile.pools import query_pool
 
 __all__ = ["carried", "follow", "holding", "live_offsets", "read_ids"]
@@ -90,7 +90,9 @@ def holding(
     skip: Mapping[str, pyroaring.AbstractBitMap],
 ) -> list[Deletion]:
     """The rows of ``entries`` that are live (and not in ``skip``) and carry one of ``ids`` (sorted, unique),
-    as deletions. Reads the ``_id`` section of the superfiles whose ``_id`` range holds one of them."""
+    as deletions. Reads the ``_id`` section of the superfiles whose ``_id`` range holds one of them (after the
+    uploads of this thread's commit are settled: ``entries`` may be the ones it adds)."""
+    settle()
 
     def one(e: SuperfileEntry) -> Deletion:
         offsets = live_offsets(store, e)

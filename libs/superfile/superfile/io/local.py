@@ -58,6 +58,7 @@ class LocalStorage:
         leaves a missing root to the first write (a child opened only to read must not make a directory)."""
         self._root = os.path.abspath(root)
         self._fsync = bool_option("fsync", fsync)
+        self.syncs = self._fsync  # whether a write waits for the disk (then a commit's writes overlap)
         if create:
             try:
                 os.makedirs(self._root, exist_ok=True)

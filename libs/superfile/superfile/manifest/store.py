@@ -3,7 +3,7 @@
 Layout below the table's prefix::
 
     _pointer.json                 current version -> manifest list (compare-and-swap)
-    _sequence.json                next unassigned _id (compare-and-swap)
+    _sequence.json                next unreserved _id (compare-and-swap; reserved in blocks, see reserve_ids)
     _manifests/<v>-<uuid>.json    one manifest list per version (immutable)
     _manifests/parts/<uuid>.json.zst   manifest parts (immutable, shared between versions)
     _deletions/<uuid>.roar        deletion vectors (immutable)
@@ -12,14 +12,19 @@ Layout below the table's prefix::
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 import pyroaring
+from cachetools import LRUCache
 
 from superfile._lru import LRU
 from superfile.errors import (
@@ -32,10 +37,100 @@ from superfile.evolution import schema_id
 from superfile.io import Storage, write_new
 from superfile.manifest.model import ManifestList, PartRef, Pointer, SuperfileEntry
 
-__all__ = ["POINTER", "ManifestStore", "backoff"]
+__all__ = ["POINTER", "ManifestStore", "Uploads", "backoff", "settle", "uploads"]
 
 POINTER = "_pointer.json"
 SEQUENCE = "_sequence.json"
+# _ids one sequence compare-and-swap reserves for a small append: the next ones take theirs from the block
+# without touching storage. What a handle leaves unused is a gap, never handed out again.
+ID_BLOCK = 4096
+
+
+_UPLOAD_THREADS = 8  # waiting on storage (an fsync, a PUT), not computing
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's worker threads do not exist here (nor may its lock be free)."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _upload_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=_UPLOAD_THREADS, thread_name_prefix="superfile-upload")
+        return _pool
+
+
+class Uploads:
+    """New immutable objects of one commit, created concurrently: their writes, fsyncs and directory fsyncs
+    (or PUTs) overlap instead of following one another. Each is durable once :meth:`settle` returned, which a
+    commit calls before its pointer swap makes any of them reachable. Storage that neither fsyncs nor crosses
+    a network (memory, ``fsync=false``) writes each object at once: a thread would only add its hand-off."""
+
+    def __init__(self) -> None:
+        self._pending: list[Future[str]] = []
+        self._lock = threading.Lock()
+
+    def put(self, storage: Storage, path: str, data: bytes) -> None:
+        """Create ``path`` (a fresh unique name) holding ``data`` (``io.write_new``); may return before it is
+        written: :meth:`settle` says when it is, or that it failed."""
+        if not (storage.remote or getattr(storage, "syncs", False)):
+            write_new(storage, path, data)
+            return
+        future = _upload_pool().submit(write_new, storage, path, data)
+        with self._lock:
+            self._pending.append(future)
+
+    def settle(self) -> None:
+        """Wait for every object put so far; raises the first failure once all have finished."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        failure: BaseException | None = None
+        for future in pending:
+            failure = failure or future.exception()
+        if failure is not None:
+            raise failure
+
+
+_local = threading.local()  # .uploads: the Uploads of the commit this thread is writing, if any
+
+
+@contextlib.contextmanager
+def uploads() -> Iterator[Uploads]:
+    """Objects this thread creates through a :class:`ManifestStore` inside the block (parts, lists, deletion
+    vectors) go to one :class:`Uploads`, the enclosing block's if nested, so a writer's superfiles and its
+    commit's metadata settle together: the commit settles it (:func:`settle`) before its pointer swap. Nothing
+    is left writing after the outermost block; an error already leaving it wins over an upload's."""
+    current: Uploads | None = getattr(_local, "uploads", None)
+    if current is not None:
+        yield current
+        return
+    batch = _local.uploads = Uploads()
+    try:
+        yield batch
+    except BaseException:
+        with contextlib.suppress(Exception):
+            batch.settle()
+        raise
+    else:
+        batch.settle()
+    finally:
+        _local.uploads = None
+
+
+def settle() -> None:
+    """Wait until every object created in this thread's :func:`uploads` block is durable (raises the first
+    failure)."""
+    batch: Uploads | None = getattr(_local, "uploads", None)
+    if batch is not None:
+        batch.settle()
 
 
 def _part_key(path: str, schema: pa.Schema) -> str:
@@ -56,6 +151,20 @@ class ManifestStore:
         self._parts = LRU(cache_size)
         self._deletes = LRU(cache_size)
         self.parts_fetched = 0
+        self._ids_lock = threading.Lock()
+        self._ids: tuple[str, int, int, int] | None = None  # table uuid, pid, next free _id, end of the block
+        # the JSON of entries written in a part lately, by (id(entry), schema id) -> (entry, JSON): the open
+        # part is rewritten on every commit, and only its new entries need encoding (the entry held keeps its
+        # id from being reused while cached)
+        self._encoded: LRUCache[tuple[int, int], tuple[SuperfileEntry, str]] = LRUCache(maxsize=4 * cache_size)
+        self._encoded_lock = threading.Lock()
+
+    def _put(self, path: str, data: bytes) -> None:
+        batch: Uploads | None = getattr(_local, "uploads", None)
+        if batch is None:
+            write_new(self.storage, path, data)
+        else:
+            batch.put(self.storage, path, data)
 
     # -- pointer and sequence -------------------------------------------------
     def read_pointer(self) -> tuple[Pointer, str]:
@@ -66,10 +175,12 @@ class ManifestStore:
         return Pointer.from_json(json.loads(data)), etag
 
     def create_pointer(self, pointer: Pointer) -> None:
+        settle()  # what the pointer reaches is durable before it is
         write_new(self.storage, POINTER, json.dumps(pointer.to_json()).encode())
 
     def swap_pointer(self, pointer: Pointer, etag: str) -> None:
         """Publish: raises PreconditionFailedError if another commit landed since ``etag`` was read."""
+        settle()  # what the pointer reaches is durable before it is (publish settles first, for its errors)
         try:
             self.storage.write_if_match(POINTER, json.dumps(pointer.to_json()).encode(), etag)
         except ObjectNotFoundError:
@@ -78,8 +189,26 @@ class ManifestStore:
     def init_sequence(self) -> None:
         self.storage.write(SEQUENCE, b'{"next_id": 0}')
 
-    def reserve_ids(self, count: int, max_attempts: int) -> int:
-        """Reserve ``count`` consecutive _ids; returns the first. Ids of failed commits are never reused."""
+    def reserve_ids(self, count: int, max_attempts: int, table_uuid: str) -> int:
+        """Reserve ``count`` consecutive _ids; returns the first. Ids of failed commits are never reused.
+
+        A small count is served from a block of :data:`ID_BLOCK` ids this handle reserved with one
+        compare-and-swap of the sequence, so most small appends do not write the sequence at all. The block
+        belongs to this handle, this process (a forked child reserves its own) and ``table_uuid`` (a table
+        dropped and re-created restarts its sequence: a block of the old table is never used on the new)."""
+        with self._ids_lock:
+            block = self._ids
+            pid = os.getpid()
+            if block is not None and block[:2] == (table_uuid, pid) and block[3] - block[2] >= count:
+                self._ids = (table_uuid, pid, block[2] + count, block[3])
+                return block[2]
+            size = count if count >= ID_BLOCK // 2 else ID_BLOCK  # a big append takes exactly what it needs
+            start = self._reserve(size, max_attempts)
+            self._ids = (table_uuid, pid, start + count, start + size)
+            return start
+
+    def _reserve(self, count: int, max_attempts: int) -> int:
+        """One compare-and-swap of the sequence: ``count`` _ids from its next free one."""
         for attempt in range(max_attempts):
             try:
                 data, etag = self.storage.read_with_etag(SEQUENCE)
@@ -107,7 +236,7 @@ class ManifestStore:
         return f"_manifests/{version:020d}-{uuid.uuid4().hex}.json"
 
     def write_list(self, ml: ManifestList, path: str) -> None:
-        write_new(self.storage, path, json.dumps(ml.to_json(), separators=(",", ":")).encode())
+        self._put(path, json.dumps(ml.to_json(), separators=(",", ":")).encode())
 
     # -- parts -----------------------------------------------------------------
     def load_part(self, ref: PartRef, schema: pa.Schema) -> list[SuperfileEntry]:
@@ -123,14 +252,26 @@ class ManifestStore:
             self.parts_fetched += 1
         return entries
 
+    def _entry_json(self, entry: SuperfileEntry, schema: pa.Schema, sid: int) -> str:
+        key = (id(entry), sid)
+        with self._encoded_lock:
+            hit = self._encoded.get(key)
+        if hit is not None and hit[0] is entry:
+            return hit[1]
+        text = json.dumps(entry.to_json(schema), separators=(",", ":"))
+        with self._encoded_lock:
+            self._encoded[key] = (entry, text)
+        return text
+
     def write_part(self, entries: Sequence[SuperfileEntry], schema: pa.Schema) -> tuple[str, int]:
-        raw = json.dumps({"entries": [e.to_json(schema) for e in entries]}, separators=(",", ":")).encode()
+        sid = schema_id(schema)
+        raw = ('{"entries":[' + ",".join(self._entry_json(e, schema, sid) for e in entries) + "]}").encode()
         sink = pa.BufferOutputStream()
         with pa.CompressedOutputStream(sink, "zstd") as out:
             out.write(raw)
         data = sink.getvalue().to_pybytes()
         path = f"_manifests/parts/{uuid.uuid4().hex}.json.zst"
-        write_new(self.storage, path, data)
+        self._put(path, data)
         self._parts.get_or_load(_part_key(path, schema), lambda: list(entries))
         return path, len(data)
 
@@ -141,5 +282,6 @@ class ManifestStore:
 
     def write_deletes(self, bitmap: pyroaring.AbstractBitMap) -> str:
         path = f"_deletions/{uuid.uuid4().hex}.roar"
-        write_new(self.storage, path, bitmap.serialize())
+        self._put(path, bitmap.serialize())
+        self._deletes.get_or_load(path, lambda: pyroaring.FrozenBitMap(bitmap))  # read back before it is settled
         return path

@@ -23,6 +23,7 @@ from superfile.errors import ContentionError, InvalidInputError, SchemaMismatchE
 from superfile.evolution import filled, physical_names, plain, schema_id
 from superfile.expressions import Predicate, parse_predicate
 from superfile.manifest.model import Pointer, SuperfileEntry
+from superfile.manifest.store import Uploads, uploads
 from superfile.pools import build_threads
 from superfile.schema import ID, coerce, coerce_chunks, user_schema
 from superfile.table.snapshot import Snapshot
@@ -82,7 +83,9 @@ class Transaction:
         try:
             for rows in self._coerced(data):  # a stream: chunk by chunk, as read
                 if rows.num_rows:
-                    first = self._table.files.manifests.reserve_ids(rows.num_rows, self._options.commit_max_attempts)
+                    first = self._table.files.manifests.reserve_ids(
+                        rows.num_rows, self._options.commit_max_attempts, self._base.manifest.table_uuid
+                    )
                     spans.append((first, rows.num_rows))
                     self._stage(rows, first)
         except BaseException:
@@ -146,7 +149,12 @@ class Transaction:
         because every append repeated a committed idempotency key, returns the version that committed it."""
         self._check_open()
         self._done = True
-        self._flush()
+        # the last superfiles upload while the commit writes its metadata: settled before the pointer swap
+        with uploads() as batch:
+            return self._commit(batch)
+
+    def _commit(self, batch: Uploads) -> int:
+        self._flush(batch)
         base: tuple[Pointer, str] | None = self._base_pointer
         for _ in range(len(self._keys) + 1):  # each lost key race drops at least one key
             change = self._change()
@@ -306,15 +314,17 @@ class Transaction:
         if self._buffer.nbytes >= self._options.write_buffer_bytes:
             self._flush()
 
-    def _flush(self) -> None:
-        """Build and upload staged rows now (they stay invisible until commit), bounding the buffer."""
+    def _flush(self, batch: Uploads | None = None) -> None:
+        """Build and upload staged rows now (they stay invisible until commit), bounding the buffer. With
+        ``batch`` (the commit's), the uploads may still run on return."""
         rows = self._buffer.take()
         if rows.num_rows:
             shards = shard(rows, self._options, build_threads())
             # a small write commits level-0 superfiles: no full-text or vector index until compaction
             indexed = rows.num_rows > self._options.level0_max_rows
             sid = schema_id(self._schema)
-            built = build_shards(shards, self._options, self._table.files.storage, sid, indexed=indexed)
+            storage = self._table.files.storage
+            built = build_shards(shards, self._options, storage, sid, indexed=indexed, uploads=batch)
             self._flushed.extend(built)
 
     def _count_staged(self, predicate: Predicate) -> int:
