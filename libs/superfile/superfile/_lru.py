@@ -54,6 +54,12 @@ class LRU:
             self._loaded(key, fut, value)
         return fut.result(), owner
 
+    def discard(self, keep: Callable[[Any], bool]) -> None:
+        """Drop every key that ``keep`` rejects (whoever holds a value keeps a working one)."""
+        with self._lock:
+            for key in [k for k in self._items if not keep(k)]:
+                del self._items[key]
+
     def _loaded(self, key: Hashable, fut: Future[Any], value: Any) -> None:
         """Called once a load of ``key`` succeeded (``fut`` holds ``value``)."""
 

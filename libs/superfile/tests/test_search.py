@@ -505,7 +505,7 @@ def test_bm25_union_of_superfiles_ranks_like_the_per_superfile_path(
     # Appended rows are in _id order across the superfiles: tantivy's tie order is _id order, and the union
     # takes its top k as is. Told otherwise, it fetches the rows tied with the k-th and picks by _id: the same.
     monkeypatch.setattr(search_module, "_ascending", LRU(16))
-    monkeypatch.setattr(search_module, "_unions", LRU(16))  # unions are kept per snapshot: build anew
+    monkeypatch.setattr(search_module, "_unions", search_module._NewestSnapshots())  # kept per snapshot: build anew
     monkeypatch.setattr(search_module, "_is_ascending", lambda ids: False)
     unordered = [t.bm25_search("text", q, k=k, mode=mode, projection=["_id", "score"]) for q, mode, k in asked]
     assert all(u.equals(o) for u, o in zip(union, unordered, strict=True))

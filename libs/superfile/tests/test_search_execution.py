@@ -24,6 +24,7 @@ import superfile
 from superfile import pools
 from superfile.format.vector_index import smallest
 from superfile.search.request import HybridSearch
+from superfile.table import search as search_module
 from superfile.table.search import Searcher
 
 CRANFIELD = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield" / "docs.parquet"
@@ -175,3 +176,27 @@ def test_smallest_is_the_lowest_keys_ties_to_the_lower_index(dtype: type) -> Non
         keys = makers[trial % len(makers)](n).astype(dtype)
         want = np.sort(np.lexsort((np.arange(n), keys))[:count])
         assert np.array_equal(smallest(keys, count), want), (n, count, trial % len(makers))
+
+
+def test_search_state_is_kept_for_the_newest_snapshots_of_each_table() -> None:
+    """A table committing every second must not fill the per-snapshot caches with superseded snapshots' unions
+    (each maps every segment file): each table keeps its two most recently searched."""
+    db = superfile.connect(f"memory://newest-{os.urandom(6).hex()}")
+    t = db.create_table(
+        "t",
+        pa.schema([("body", pa.string()), ("v", pa.list_(pa.float32(), 4))]),
+        fts_columns=["body"],
+        vector_columns={"v": {"dim": 4, "metric": "cosine"}},
+    )
+    rng = np.random.default_rng(3)
+    caches = {"body": search_module._unions, "v": search_module._vector_unions}
+    held: list[list[int]] = []
+    for i in range(6):
+        t.append({"body": [f"row {i} {j} common" for j in range(50)], "v": rng.standard_normal((50, 4)).tolist()})
+        assert t.bm25_search("body", "common", k=3).num_rows == 3
+        assert t.vector_search("v", [1.0, 0.0, 0.0, 0.0], k=3).num_rows == 3
+        uri = t.snapshot().files.storage.uri
+        held.append([len(cache._recent[f"{uri}#{column}"]) for column, cache in caches.items()])
+        kept = [k for cache in caches.values() for k in cache._items._items if str(k).startswith(f"{uri}#")]
+        assert len(kept) == sum(held[-1])  # what the caches hold of this table is what they name
+    assert held == [[1, 1]] + [[2, 2]] * 5

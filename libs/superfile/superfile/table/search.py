@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -58,11 +58,43 @@ from superfile.table.snapshot import Snapshot
 __all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "check_row_limit", "rrf_fuse", "top_terms"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _ascending = LRU(4096)  # storage URI # superfile path -> whether its rows are in ascending _id order
-_unions = LRU(16)  # storage URI # manifest path # column -> (BM25 union, its superfiles in _id order) or None
-_vector_unions = LRU(16)  # storage URI # manifest path # column -> (vector union, its superfiles in part order)
-_vector_summaries = LRU(16)  # storage URI # manifest path # column -> _Summaries
+
+
+class _NewestSnapshots:
+    """Search state built once per snapshot (unions, stacked summaries), kept for each table's ``keep`` most
+    recently searched snapshots only.
+
+    Keyed by snapshot alone, a process-wide LRU of 16 held a streaming table's sixteen latest snapshots: each
+    union maps every segment file and copies every superfile's IVF lists, so the soak's gateway (a commit a
+    second) mapped segment files up to 17 times and grew by ~1 GB of copies (BENCHMARKS.md, "Soak")."""
+
+    def __init__(self, keep: int = 2, tables: int = 64) -> None:
+        self._items = LRU(keep * tables)
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._recent: dict[str, list[str]] = {}  # table # column -> its snapshots' keys, most recent last
+
+    def get_or_load(self, table: str, snapshot: str, load: Callable[[], T]) -> T:
+        key = f"{table}#{snapshot}"
+        with self._lock:
+            recent = self._recent.setdefault(table, [])
+            if key in recent:
+                recent.remove(key)
+            recent.append(key)
+            stale = set(recent[: -self._keep])
+            del recent[: -self._keep]
+        if stale:
+            self._items.discard(lambda k: k not in stale)
+        value, _ = self._items.get_or_load(key, load)
+        return value
+
+
+_unions = _NewestSnapshots()  # -> (BM25 union, its superfiles in _id order) or None
+_vector_unions = _NewestSnapshots()  # -> (vector union, its superfiles in part order, part by path) or None
+_vector_summaries = _NewestSnapshots()  # -> _Summaries
 
 
 def _is_ascending(ids: np.ndarray) -> bool:
@@ -425,9 +457,8 @@ class Searcher:
         snapshot takes it, warm or cold, so a query always gets the same float32 scores (the two paths
         round differently). Returns it with its parts' superfiles (in ``_id`` order), built once per
         snapshot; None otherwise, or if the union cannot be built."""
-        key = f"{self.snap.files.storage.uri}#{self.snap.key}#{column}"
-        try:
-            united, _ = _unions.get_or_load(key, lambda: self._build_union(column))  # None cached too
+        try:  # None is kept too
+            united = _unions.get_or_load(self._table_key(column), self.snap.key, lambda: self._build_union(column))
         except (OSError, ValueError) as exc:
             log.warning("full-text union not built, searching the superfiles one by one: %s", exc)
             return None
@@ -723,16 +754,19 @@ class Searcher:
 
     def _summaries(self, column: str) -> _Summaries:
         """The snapshot's vector summaries of ``column``, stacked once per snapshot."""
-        key = f"{self.snap.files.storage.uri}#{self.snap.key}#{column}"
         dim = self.options.vector_columns[column].dim
-        found, _ = _vector_summaries.get_or_load(key, lambda: _Summaries(self.snap.entries(), column, dim))
-        return found
+        return _vector_summaries.get_or_load(
+            self._table_key(column), self.snap.key, lambda: _Summaries(self.snap.entries(), column, dim)
+        )
+
+    def _table_key(self, column: str) -> str:
+        """Names the table's column in the per-snapshot caches (the storage URI is the table's own prefix)."""
+        return f"{self.snap.files.storage.uri}#{column}"
 
     def _vector_union(self, column: str) -> tuple[VectorUnion, list[SuperfileEntry], dict[str, int]] | None:
         """One IVF search over the superfiles without deleted rows (``format/vector_union.py``), those superfiles
         (its parts, in order) and each one's part number by path; built once per snapshot. None if no superfile
         qualifies."""
-        key = f"{self.snap.files.storage.uri}#{self.snap.key}#{column}"
 
         def build() -> tuple[VectorUnion, list[SuperfileEntry], dict[str, int]] | None:
             entries = [e for e in self.snap.entries() if e.deletes is None and column in e.vectors]
@@ -743,8 +777,7 @@ class Searcher:
             members = [e for e, _ in ivf]
             return VectorUnion([index for _, index in ivf]), members, {e.path: i for i, e in enumerate(members)}
 
-        united, _ = _vector_unions.get_or_load(key, build)
-        return united
+        return _vector_unions.get_or_load(self._table_key(column), self.snap.key, build)
 
     # -- hybrid ------------------------------------------------------------------------
     def hybrid_search(
