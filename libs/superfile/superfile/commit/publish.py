@@ -25,6 +25,10 @@ A lost answer never commits twice: objects are created with ``io.write_new``
 (a retry that meets its own bytes is success), and a pointer swap that failed
 is first looked for in the history before anything is re-applied
 (``publish_with``); see docs/reliability.md.
+
+An attempt's new objects (parts, deletion vectors, the list, and the superfiles of a writer's commit) are
+uploaded concurrently (``manifest.store.uploads``) and settled, every one written and fsynced, before the
+pointer swap: docs/reliability.md, "A commit's writes, in order".
 """
 
 from __future__ import annotations
