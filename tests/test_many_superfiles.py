@@ -82,11 +82,11 @@ def _fds() -> int:
 
 
 def _maps(root: str, but: str = "\0") -> int:
-    """Mappings of files below ``root`` (a table's superfiles) or the extraction directory of full-text indexes,
-    except those naming ``but``."""
-    cache = reader_module.DEFAULT_CACHE_DIR
+    """Mappings of a table's superfiles (files below ``root``) and of their full-text indexes (extracted to a
+    directory named after the superfile's path), except those naming ``but``."""
+    extracted = f"{os.path.basename(root)}_t_data_"  # the extracted directory's name ends with the superfile's
     with open("/proc/self/maps") as f:
-        return sum(1 for line in f if (root in line or cache in line) and but not in line)
+        return sum(1 for line in f if (root in line or extracted in line) and but not in line)
 
 
 def _answers(uri: str, version: int, query: np.ndarray) -> dict[str, Any]:
