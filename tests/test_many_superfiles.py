@@ -21,7 +21,8 @@ import pyarrow as pa
 import pytest
 import superfile
 from superfile.format import reader as reader_module
-from superfile.table.snapshot import open_readers
+from superfile.table import Supertable
+from superfile.table.snapshot import open_readers, set_open_budget
 
 pytestmark = pytest.mark.slow
 
@@ -147,13 +148,12 @@ def test_sql_over_ten_thousand_superfiles(many: tuple[str, int, int, np.ndarray]
 @pytest.fixture
 def tiny_budget() -> Iterator[tuple[int, int]]:
     """Budgets so small that almost every reader is evicted right after use."""
-    cache = open_readers()
-    saved = cache.limits
-    cache.set_limits((64 * 1024, 2))
+    saved = open_readers().limits
+    set_open_budget(64 * 1024, 2)
     try:
-        yield cache.limits
+        yield 64 * 1024, 2
     finally:
-        cache.set_limits(saved)
+        set_open_budget(*saved)
 
 
 def test_a_tiny_budget_evicts_and_still_answers(
@@ -187,7 +187,9 @@ def test_a_tiny_budget_evicts_and_still_answers(
     assert held_bytes <= tiny_budget[0] + one_reader and 1 <= held_files <= tiny_budget[1] + 1  # mapped readers
     # 10,000 superfiles were mapped and searched; the mappings of all but the budget's went. The compacted
     # superfile's are not counted: the search's union caches hold its indexes (table/search.py, by count)
-    compacted_file = superfile.connect(uri).open_table("t", version=compacted)._current().entries()[0].path
+    table = superfile.connect(uri).open_table("t", version=compacted)
+    assert isinstance(table, Supertable)
+    compacted_file = table._current().entries()[0].path
     assert _maps(root, but=compacted_file.rsplit("/", 1)[-1].removesuffix(".parquet")) <= tiny_budget[1] + 1
 
 
@@ -199,7 +201,7 @@ def test_budgets_from_the_environment_are_checked(tmp_path: Path) -> None:
 
     code = (
         "import resource, superfile\n"
-        "from superfile.table.snapshot import open_readers\n"
+        "from superfile.table.snapshot import open_readers, set_open_budget\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
         f"superfile.connect('file://{tmp_path}').create_table('t', data={{'a': [1, 2]}}, exist_ok=True)\n"
         "print(open_readers().limits)\n"

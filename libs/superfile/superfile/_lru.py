@@ -100,11 +100,6 @@ class BudgetLRU(LRU):
         with self._lock:
             return tuple(self._totals)
 
-    def held_keys(self) -> list[Any]:
-        """The keys held (loaded or loading)."""
-        with self._lock:
-            return list(self._items)
-
     def charge(self, key: Hashable, value: Any) -> None:
         """Weigh ``key``'s ``value`` again (it grew: a reader opened an index) and evict down to the budgets."""
         with self._lock:

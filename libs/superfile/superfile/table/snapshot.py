@@ -33,7 +33,7 @@ from superfile.schema import ID
 from superfile.table.columns import FileColumns
 from superfile.table.index_filter import candidate_rows, text_pruner
 
-__all__ = ["INDEXED_FRACTION", "Fanout", "Snapshot", "TableFiles", "offsets_of", "open_readers"]
+__all__ = ["INDEXED_FRACTION", "Fanout", "Snapshot", "TableFiles", "offsets_of", "open_readers", "set_open_budget"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -97,9 +97,18 @@ def open_readers() -> BudgetLRU:
     """The process's open superfiles (every table's), least recently used evicted past either budget: the
     bytes they hold (``SUPERFILE_OPEN_BYTES``, default a quarter of memory) and their file handles, descriptors
     plus mappings (``SUPERFILE_OPEN_FILES``, default 4096 or less, :func:`_default_open_files`). Read once, at the
-    first table opened; ``set_limits((bytes, files))`` changes them (docs/storage.md, "Open superfiles")."""
+    first table opened; :func:`set_open_budget` changes them (docs/storage.md, "Open superfiles")."""
     limits = (_budget(OPEN_BYTES_ENV, _default_open_bytes()), _budget(OPEN_FILES_ENV, _default_open_files()))
     return BudgetLRU(limits, _held)
+
+
+def set_open_budget(open_bytes: int, open_files: int) -> None:
+    """Set the budgets of :func:`open_readers` at run time (as ``SUPERFILE_OPEN_BYTES`` / ``SUPERFILE_OPEN_FILES``
+    do at start); the readers past them are evicted at once."""
+    for name, value in (("open_bytes", open_bytes), ("open_files", open_files)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+    open_readers().set_limits((open_bytes, open_files))
 
 
 def _estimate(entry: SuperfileEntry) -> tuple[int, int]:
@@ -237,10 +246,6 @@ class TableFiles:
 
     def is_open(self, entry: SuperfileEntry) -> bool:
         return (self._owner, entry.path) in self._readers
-
-    def open_paths(self) -> list[str]:
-        """Paths of this table's superfiles open now."""
-        return [path for owner, path in self._readers.held_keys() if owner == self._owner]
 
     def batches(self, entries: Sequence[SuperfileEntry]) -> list[Sequence[SuperfileEntry]]:
         """``entries`` in runs whose readers (estimated from the manifest) fit half of each budget: what one
