@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import superfile
+from superfile._lru import BudgetLRU
 from superfile.format import reader as reader_module
 from superfile.table import Supertable
 from superfile.table.snapshot import open_readers, set_open_budget
@@ -220,3 +221,35 @@ def test_budgets_from_the_environment_are_checked(tmp_path: Path) -> None:
     assert done.stdout.strip().endswith(", 100)")  # half of the 200 descriptors
     done = run({"SUPERFILE_OPEN_FILES": "lots"})
     assert done.returncode != 0 and "InvalidOptionError" in done.stderr and "SUPERFILE_OPEN_FILES" in done.stderr
+
+
+def test_budget_lru_keeps_each_total_within_one_value_of_its_budget() -> None:
+    """Values of several weights, loaded, hit and re-weighed in a random order by four threads: after every
+    step each total is within its budget plus the largest value, and the totals are what the held values
+    weigh (nothing evicted is still counted, nothing held is uncounted)."""
+    weights: dict[str, list[int]] = {f"k{i}": [i % 7 * 10 + 1, i % 3] for i in range(40)}
+    cache = BudgetLRU((100, 4), lambda w: tuple(w))
+    largest = (max(w[0] for w in weights.values()), max(w[1] for w in weights.values()))
+    errors: list[str] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(400):
+            key = f"k{int(rng.integers(40))}"
+            value, _ = cache.get_or_load(key, lambda key=key: weights[key])
+            if rng.random() < 0.2:
+                cache.charge(key, value)
+            held_bytes, held_files = cache.totals()
+            if held_bytes > 100 + largest[0] or held_files > 4 + largest[1]:
+                errors.append(f"{held_bytes}, {held_files}")
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors
+    held = [k for k in weights if k in cache]
+    assert cache.totals() == (sum(weights[k][0] for k in held), sum(weights[k][1] for k in held))
+    cache.set_limits((10, 0))  # a budget below every value: one value stays, the most recent
+    assert sum(k in cache for k in weights) == 1
