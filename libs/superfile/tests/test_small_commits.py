@@ -149,13 +149,19 @@ class _Recording:
     def child(self, prefix: str) -> _Recording:
         return _Recording(self._inner.child(prefix), self.fail, self)
 
-    def write_if_absent(self, path: str, data: bytes) -> str:
+    def _create(self, write: Any, path: str, data: bytes) -> str:
         if self.fail and path.startswith(self.fail):
             raise StorageError(f"{path!r}: injected failure")
-        etag = self._inner.write_if_absent(path, data)
+        etag: str = write(path, data)
         with self._lock:
             self.events.append(("created", path))
         return etag
+
+    def write_if_absent(self, path: str, data: bytes) -> str:
+        return self._create(self._inner.write_if_absent, path, data)
+
+    def write(self, path: str, data: bytes) -> str:  # superfiles (a plain write: multipart on S3)
+        return self._create(self._inner.write, path, data)
 
     def write_if_match(self, path: str, data: bytes, etag: str) -> str:
         with self._lock:

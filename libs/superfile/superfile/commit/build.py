@@ -101,7 +101,7 @@ def _build_one(
     if uploads is None:
         storage.write(path, built.data)
     else:
-        uploads.put(storage, path, built.data)
+        uploads.put(storage, path, built.data, plain=True)
     entry = summarize(shard.rows, built, path, shard.partition, options, indexed=indexed)
     return replace(entry, schema_id=schema_id)
 

@@ -19,8 +19,9 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 import pyarrow as pa
 import pyroaring
@@ -78,13 +79,15 @@ class Uploads:
         self._pending: list[Future[str]] = []
         self._lock = threading.Lock()
 
-    def put(self, storage: Storage, path: str, data: bytes) -> None:
-        """Create ``path`` (a fresh unique name) holding ``data`` (``io.write_new``); may return before it is
-        written: :meth:`settle` says when it is, or that it failed."""
+    def put(self, storage: Storage, path: str, data: bytes, *, plain: bool = False) -> None:
+        """Create ``path`` (a fresh unique name) holding ``data`` (``io.write_new``; ``plain``: with
+        ``storage.write``, which uploads a big superfile to S3 in parts); may return before it is written:
+        :meth:`settle` says when it is, or that it failed."""
+        write: Callable[[str, bytes], str] = storage.write if plain else partial(write_new, storage)
         if not (storage.remote or getattr(storage, "syncs", False)):
-            write_new(storage, path, data)
+            write(path, data)
             return
-        future = _upload_pool().submit(write_new, storage, path, data)
+        future = _upload_pool().submit(write, path, data)
         with self._lock:
             self._pending.append(future)
 
