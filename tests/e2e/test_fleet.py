@@ -305,6 +305,7 @@ def test_bad_input(setup: Setup) -> None:
         f'{{"table": "docs", "manifest": "{manifest}", "superfiles": ["data/nope.parquet"], "op": "count", '
         '"args": {}}'.encode(),
     ]
+    malformed.append(b" " * (16 << 20) + b"{}")  # past the 16 MiB a leaf request may be
     for raw in malformed:
         status, body = request(f"{node.url}/v1/leaf", token=fleet.token, body=raw)
         assert status == 400, (raw, status, body)
