@@ -53,11 +53,12 @@ from superfile.search.request import (
     VectorSearch,
 )
 from superfile.table.exact import ExactText, analysed, nearest
-from superfile.table.snapshot import Snapshot
+from superfile.table.snapshot import Snapshot, open_readers
 
 __all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "check_row_limit", "rrf_fuse", "top_terms"]
 
 log = logging.getLogger(__name__)
+_SEGMENT_FILES = 8  # files a tantivy segment maps: 6 here (postings, positions, terms, fast, norms, store)
 T = TypeVar("T")
 
 _ascending = LRU(4096)  # storage URI # superfile path -> whether its rows are in ascending _id order
@@ -468,6 +469,8 @@ class Searcher:
         entries = self.snap.entries()
         if not entries or any(e.deletes is not None for e in entries) or not self._indexed(entries, column):
             return None
+        if not _fits_open_files(len(entries) * _SEGMENT_FILES):
+            return None
         entries = sorted(entries, key=lambda e: (e.id_min, e.path))  # segment order: _id order where it can be
         ordered = all(a.id_max < b.id_min for a, b in itertools.pairwise(entries)) and all(
             self._ascending(e) for e in entries
@@ -770,6 +773,8 @@ class Searcher:
 
         def build() -> tuple[VectorUnion, list[SuperfileEntry], dict[str, int]] | None:
             entries = [e for e in self.snap.entries() if e.deletes is None and column in e.vectors]
+            if not _fits_open_files(len(entries)):
+                return None
             indexes = self.snap.each(lambda e: self.snap.open(e).vector_index(column), entries)
             ivf = [(e, index) for e, index in zip(entries, indexes, strict=True) if index.ivf_lists is not None]
             if not ivf:
@@ -866,6 +871,14 @@ class _Summaries:
         zero = np.zeros(dim, np.float32)
         self.centroids = np.stack([s.centroid if s is not None else zero for s in summaries]) if entries else None
         self.radii = np.array([s.radius if s is not None else np.inf for s in summaries])
+
+
+def _fits_open_files(mappings: int) -> bool:
+    """Whether a union holding ``mappings`` files open fits the process's open-file budget. A union keeps its
+    parts' files mapped for as long as its snapshot is searched, outside the budget of open superfiles; past
+    it (thousands of superfiles before compaction catches up) the superfiles are searched one by one, which
+    the budget bounds."""
+    return mappings <= open_readers().limits[1]
 
 
 def _route(
