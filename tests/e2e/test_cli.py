@@ -129,11 +129,13 @@ def test_versions_changes_scan_as_of_and_restore(uri: str) -> None:
         ("insert", 5, "note 5 on flow"),
     ]
     assert list(feed[0]) == ["_change", "_id", "key", "title"]
-    assert _lines("changes", uri, "notes", "2", "3", "--columns", "key") == [
-        {"_change": "insert", "_id": 2, "key": 2},
-        {"_change": "insert", "_id": 3, "key": 3},
-    ]
-    assert _lines("changes", uri, "notes", "4", "5", "--columns", "") == [{"_change": "delete", "_id": 1}]
+    inserted = _lines("changes", uri, "notes", "2", "3", "--columns", "key")
+    assert [(r["_change"], r["key"]) for r in inserted] == [("insert", 2), ("insert", 3)]
+    # _ids are unique and ascend within a writer, not dense: each process reserves its own block of them
+    ids = {r["key"]: r["_id"] for r in _lines("scan", uri, "notes", "--columns", "_id,key")}
+    assert [r["_id"] for r in inserted] == [ids[2], ids[3]] and ids[2] < ids[3]
+    key_1 = [r["_id"] for r in _lines("changes", uri, "notes", "1", "2", "--columns", "key") if r["key"] == 1]
+    assert _lines("changes", uri, "notes", "4", "5", "--columns", "") == [{"_change": "delete", "_id": key_1[0]}]
 
     def scanned(*at: str) -> list[int]:
         return sorted(r["key"] for r in _lines("scan", uri, "notes", "--columns", "key", *at))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -183,7 +184,9 @@ class EventLog:
             "linger_ms": 0,
         }
         config.update(producer_config)
+        self._config = config
         self._producer = KafkaProducer(bootstrap_servers=bootstrap, **config)
+        self._lock = threading.Lock()
         self._admin = KafkaAdminClient(bootstrap_servers=bootstrap)
         self._topics: set[str] = set()
 
@@ -209,9 +212,16 @@ class EventLog:
         (tansu answers offset -1 for a send that reached it while it was stopping: that record is not in
         the log), and kafka-python's ``KafkaError`` when it did not answer.
         """
+        from kafka.errors import KafkaError
+
         topic = self.ensure_topic(event.table)
         value, headers = encode(event)
-        meta = self._producer.send(topic, value=value, headers=headers, partition=0).get(timeout=timeout)
+        producer = self._producer
+        try:
+            meta = producer.send(topic, value=value, headers=headers, partition=0).get(timeout=timeout)
+        except KafkaError:
+            self._renew(producer)
+            raise
         offset = getattr(meta, "offset", None)
         if not isinstance(offset, int) or offset < 0:
             raise UnacknowledgedWriteError(
@@ -219,6 +229,18 @@ class EventLog:
                 f"(offset {offset!r}): it may not have been written; it may be retried"
             )
         return Position(topic, offset)
+
+    def _renew(self, failed: Any) -> None:
+        """Replace a producer whose send failed: after some broker errors (tansu's UnknownError under load)
+        kafka-python's sender aborts every later batch too, so a retry on the same producer could never be
+        acknowledged. A thread still sending on the old one fails and retries on the new one."""
+        from kafka import KafkaProducer
+
+        with self._lock:
+            if self._producer is not failed:  # another thread renewed it already
+                return
+            self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, **self._config)
+        failed.close(timeout=0)
 
     def close(self) -> None:
         self._producer.close()
