@@ -21,7 +21,7 @@ import pyarrow as pa
 from superfile.errors import InvalidInputError
 from superfile.expressions import parse_predicate
 from superfile.format.fulltext import CorpusStats
-from superfile.pools import searching
+from superfile.search.request import VectorSearch
 from superfile.table.search import Searcher
 from superfile.table.snapshot import Snapshot
 
@@ -125,20 +125,19 @@ def run(snapshot: Snapshot, request: LeafRequest) -> pa.Table | dict[str, Any]:
         return Searcher(share).exact_match(
             _arg(a, "column", str), _arg(a, "value", str), projection, _arg(a, "max_rows", int, None)
         )
-    if op == "vector":
-        with searching() as spread:  # a node busy with other leaf calls keeps each on one core
-            searcher = Searcher(share)
-            searcher.spread = spread
-            return searcher.vector_search(
-                _arg(a, "column", str),
-                _arg(a, "vector", list),
-                _arg(a, "k", int),
+    if op == "vector":  # through search(), which counts it in flight: a busy node keeps each on one core
+        return Searcher(share).search(
+            VectorSearch(
+                column=_arg(a, "column", str),
+                vector=_arg(a, "vector", list),
+                k=_arg(a, "k", int),
                 nprobe=_arg(a, "nprobe", int, None),
                 rerank=_arg(a, "rerank", int, None),
-                text_filter=_arg(a, "filter", dict, None),
+                filter=_arg(a, "filter", dict, None),
                 where=_arg(a, "where", str, None),
                 projection=projection,
             )
+        )
     where_text = _arg(a, "where", str, None)
     where = parse_predicate(where_text, share.schema) if where_text is not None else None
     if op == "count":
