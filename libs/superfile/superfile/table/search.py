@@ -76,12 +76,14 @@ class _NewestSnapshots:
         self._items = LRU(keep * tables)
         self._keep = keep
         self._lock = threading.Lock()
-        self._recent: dict[str, list[str]] = {}  # table # column -> its snapshots' keys, most recent last
+        # table # column -> its snapshots' keys, most recent last; bounded like the values, by table
+        self._recent: LRUCache[str, list[str]] = LRUCache(maxsize=tables)
 
     def get_or_load(self, table: str, snapshot: str, load: Callable[[], T]) -> T:
         key = f"{table}#{snapshot}"
         with self._lock:
-            recent = self._recent.setdefault(table, [])
+            recent = self._recent.get(table) or []
+            self._recent[table] = recent
             if key in recent:
                 recent.remove(key)
             recent.append(key)
