@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -139,6 +140,7 @@ def child_small(
 def main_small(args: argparse.Namespace) -> None:
     systems = ["superfile-small", "lancedb-small"]
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    load_before = os.getloadavg()  # the machine is shared: the load the run met is part of its result
     shape = [str(args.seed_rows), str(args.appends), str(args.append_rows), str(args.deletes), str(args.level0)]
     for _ in range(args.repeat):
         for system in systems:
@@ -166,6 +168,7 @@ def main_small(args: argparse.Namespace) -> None:
         "level0_max_rows": args.level0,
         "fsync": args.fsync,
     }
+    summary["load_avg"] = {"before": load_before, "after": os.getloadavg()}
     save("small_writes" if args.fsync == "on" else "small_writes_nofsync", summary)
     print(
         json.dumps(

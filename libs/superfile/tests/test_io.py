@@ -278,6 +278,29 @@ def test_local_leaves_no_temp_files_and_hides_strays(tmp_path: Path) -> None:
     assert [info.path for info in store.list()] == ["a/x", "a/y"]
 
 
+@pytest.mark.parametrize("fsync", [True, False])
+def test_local_unique_writes_and_staged_swaps(tmp_path: Path, fsync: bool) -> None:
+    """A commit's fast path on local disk: ``write_unique`` creates like ``write_if_absent``; a staged write is
+    swapped in like ``write_if_match`` (or refused on a stale etag, or discarded) and leaves no temp file."""
+    store = LocalStorage(str(tmp_path / "root"), fsync=fsync)
+    assert store.write_unique("a/new/x", b"1") == store.read_with_etag("a/new/x")[1]  # its directory created
+    with pytest.raises(PreconditionFailedError):
+        store.write_unique("a/new/x", b"2")
+    assert store.read("a/new/x") == b"1"
+    etag = store.write("p", b"v1")
+    stale = store.stage("p", b"v2")
+    current = store.write_if_match("p", b"v3", etag)
+    with pytest.raises(PreconditionFailedError):
+        store.swap_staged(stale, etag)
+    assert store.swap_staged(store.stage("p", b"v4"), current) == store.read_with_etag("p")[1]
+    store.discard(store.stage("p", b"v5"))
+    assert store.read("p") == b"v4"
+    assert sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "root").rglob("*") if p.is_file()) == [
+        "root/a/new/x",
+        "root/p",
+    ]
+
+
 def test_local_etag_is_content_md5(tmp_path: Path) -> None:
     store = from_uri(f"file://{tmp_path}")
     assert store.write("k", b"abc") == "900150983cd24fb0d6963f7d28e17f72"

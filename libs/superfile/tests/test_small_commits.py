@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,9 @@ import pyarrow as pa
 import pytest
 import superfile
 from superfile.errors import StorageError
-from superfile.io import from_uri
-from superfile.manifest.store import ID_BLOCK, POINTER, SEQUENCE
+from superfile.io.local import LocalStorage, StagedWrite
+from superfile.manifest.store import ID_BLOCK, POINTER, SEQUENCE, ManifestStore
+from superfile.manifest.summary import part_ref
 from table_worker import append_until_killed
 
 SCHEMA = pa.schema([("worker", pa.int32()), ("seq", pa.int32()), ("text", pa.string())])
@@ -43,7 +45,7 @@ def _ids(t: superfile.Supertable) -> list[int]:
 def test_small_appends_take_ids_from_one_reservation(tmp_path: Path) -> None:
     uri = f"file://{tmp_path}"
     superfile.connect(uri).create_table("t", SCHEMA, level0_max_rows=1000)
-    storage = _Recording(from_uri(uri))
+    storage = _Recording(str(tmp_path))
     t = superfile.Connection(uri, storage=storage).open_table("t")
     for seq in range(50):
         t.append(_rows(0, seq, 20))
@@ -134,20 +136,18 @@ def test_a_block_is_never_used_on_a_recreated_table(tmp_path: Path) -> None:
     assert store.reserve_ids(10, 3, old) != 20  # nor does the old table's block survive a reservation
 
 
-class _Recording:
-    """A syncing local storage that records when each create finished and when each pointer swap began."""
+class _Recording(LocalStorage):
+    """Local storage (itself, so a commit takes its fast path: ``write_unique``, a staged pointer) that records
+    when each create finished and when each pointer swap began."""
 
-    def __init__(self, inner: Any, fail: str | None = None, parent: _Recording | None = None) -> None:
-        self._inner = inner
+    def __init__(self, root: str, fail: str | None = None, parent: _Recording | None = None) -> None:
+        super().__init__(root, create=parent is None)
         self.events: list[tuple[str, str]] = parent.events if parent else []
         self.fail = fail
         self._lock = parent._lock if parent else threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
     def child(self, prefix: str) -> _Recording:
-        return _Recording(self._inner.child(prefix), self.fail, self)
+        return _Recording(str(Path(self.local_path(prefix.removesuffix("/")) or "")), self.fail, self)
 
     def _create(self, write: Any, path: str, data: bytes) -> str:
         if self.fail and path.startswith(self.fail):
@@ -157,16 +157,24 @@ class _Recording:
             self.events.append(("created", path))
         return etag
 
-    def write_if_absent(self, path: str, data: bytes) -> str:
-        return self._create(self._inner.write_if_absent, path, data)
+    def write_unique(self, path: str, data: bytes) -> str:
+        return self._create(super().write_unique, path, data)
 
-    def write(self, path: str, data: bytes) -> str:  # superfiles (a plain write: multipart on S3)
-        return self._create(self._inner.write, path, data)
+    def write_if_absent(self, path: str, data: bytes) -> str:
+        return self._create(super().write_if_absent, path, data)
+
+    def write(self, path: str, data: bytes) -> str:
+        return self._create(super().write, path, data)
 
     def write_if_match(self, path: str, data: bytes, etag: str) -> str:
         with self._lock:
             self.events.append(("swap", data.decode()) if path == POINTER else ("cas", path))
-        return self._inner.write_if_match(path, data, etag)
+        return super().write_if_match(path, data, etag)
+
+    def swap_staged(self, staged: StagedWrite, etag: str) -> str:
+        with self._lock:
+            self.events.append(("swap", Path(staged.tmp).read_text()))
+        return super().swap_staged(staged, etag)
 
 
 def test_everything_a_swap_reaches_is_written_before_it(tmp_path: Path) -> None:
@@ -175,7 +183,7 @@ def test_everything_a_swap_reaches_is_written_before_it(tmp_path: Path) -> None:
     swap naming that list began."""
     uri = f"file://{tmp_path}"
     superfile.connect(uri).create_table("t", SCHEMA, fts_columns=["text"], level0_max_rows=1000)
-    storage = _Recording(from_uri(uri))
+    storage = _Recording(str(tmp_path))
     assert storage.syncs  # the concurrent upload path
     db = superfile.Connection(uri, storage=storage)
     rng = random.Random(5)
@@ -213,11 +221,12 @@ def test_everything_a_swap_reaches_is_written_before_it(tmp_path: Path) -> None:
 def test_a_failed_upload_commits_nothing(tmp_path: Path) -> None:
     uri = f"file://{tmp_path}"
     superfile.connect(uri).create_table("t", SCHEMA, level0_max_rows=1000)
-    storage = _Recording(from_uri(uri), fail="data/")
+    storage = _Recording(str(tmp_path), fail="data/")
     t = superfile.Connection(uri, storage=storage).open_table("t")
     with pytest.raises(StorageError, match="injected"):
         t.append(_rows(0, 0))
     assert not [e for e in storage.events if e[0] == "swap"]
+    assert not list((tmp_path / "t").glob("._pointer.json.*"))  # the staged pointer was removed
     fresh = superfile.connect(uri).open_table("t")
     assert fresh.version == 1
     assert fresh.count_rows() == 0
@@ -241,3 +250,45 @@ def test_sigkill_during_small_commits_leaves_a_committed_table(tmp_path: Path) -
         assert acked <= set(batches), "an acknowledged commit was lost"
         ids = rows.column("_id").to_pylist()
         assert len(ids) == len(set(ids)), "an _id was handed out twice"
+
+
+def test_an_open_part_summarized_commit_by_commit_equals_a_full_merge(tmp_path: Path) -> None:
+    """The open part a small commit adds to is summarized from its previous summary and the new entries only
+    (``manifest.summary.extended_ref``) and written as its previous zstd frames plus one
+    (``ManifestStore.extend_part``): across commits, deletes (which rewrite the part whole), a reopen, parts
+    sealing and a recompression, every part's summary equals ``part_ref`` over its entries as read back from
+    storage."""
+    uri = f"file://{tmp_path}"
+    schema = pa.schema([("n", pa.int64()), ("s", pa.string()), ("f", pa.float64())])
+    t = superfile.connect(uri).create_table("t", schema, level0_max_rows=1000, manifest_part_max_entries=80)
+    rng = random.Random(3)
+
+    def batch(i: int) -> pa.Table:
+        n = 1 + rng.randrange(4)
+        ints = [None] * n if i % 7 == 0 else [rng.randrange(-1000, 1000) for _ in range(n)]
+        # long strings: their bounds are truncated
+        strs = [None if rng.random() < 0.3 else f"k{rng.randrange(1000):03d}" * rng.randrange(1, 30) for _ in range(n)]
+        return pa.table({"n": pa.array(ints, pa.int64()), "s": pa.array(strs, pa.string()), "f": [rng.random()] * n})
+
+    def check(table: superfile.Supertable) -> None:
+        ml = table.snapshot().manifest
+        fresh = ManifestStore(table.files.storage)  # reads every part back from storage
+        for ref in ml.parts:
+            entries = fresh.load_part(ref, ml.schema)
+            assert len(entries) == ref.entry_count
+            full = replace(part_ref(ref.path, ref.partition, entries, ref.byte_size), sealed=ref.sealed)
+            assert full.to_json(ml.schema) == ref.to_json(ml.schema)
+
+    for i in range(100):
+        t.append(batch(i))
+        if i % 25 == 24:
+            t.delete(f"n = {rng.randrange(-1000, 1000)} OR f < 0.05")
+        if i % 10 == 9:
+            check(t)
+    t = superfile.connect(uri).open_table("t")  # the open part's summary and frames now come from storage
+    for i in range(100, 180):
+        t.append(batch(i))
+        if i % 10 == 9:
+            check(t)
+    assert len(t.snapshot().manifest.parts) >= 3
+    assert t.count_rows() == superfile.connect(uri).open_table("t").to_arrow().num_rows

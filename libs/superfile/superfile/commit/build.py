@@ -4,7 +4,8 @@ is uploaded, and is summarized into its manifest entry.
 A *level-0* superfile (``indexed=False``: what a small write commits, ``TableOptions.level0_max_rows``) is
 built without the full-text and vector indexes: its vectors stay in Parquet, its entry has no text or vector
 summary, so every reader searches it exactly (``table/exact.py``) and compaction rewrites it with the indexes
-(``table/optimize.py``). Scalar indexes, statistics and the ``_id`` section are built as for any superfile."""
+(``table/optimize.py``). Scalar indexes, statistics and the ``_id`` section are built as for any superfile; its
+Parquet is written without dictionary encoding (at a few rows it only costs time)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ __all__ = ["build_shards", "superfile_spec"]
 
 
 def superfile_spec(options: TableOptions, *, indexed: bool = True) -> SuperfileSpec:
-    if not indexed:
-        return SuperfileSpec()
+    if not indexed:  # level 0: small, rewritten by compaction; written fast
+        return SuperfileSpec(dictionary=False)
     return SuperfileSpec(
         fts_columns=dict(options.fts_columns),
         vector_columns={

@@ -61,8 +61,8 @@ from superfile.manifest.model import (
     SuperfileEntry,
     now_ms,
 )
-from superfile.manifest.store import ManifestStore, backoff, settle, uploads
-from superfile.manifest.summary import part_ref
+from superfile.manifest.store import ManifestStore, PreparedPointer, backoff, settle, uploads
+from superfile.manifest.summary import extended_ref, part_ref
 
 __all__ = ["Change", "Deletion", "StaleSuperfileError", "apply_change", "locate", "publish", "publish_with"]
 
@@ -102,9 +102,19 @@ def locate(
 
 def _part(store: ManifestStore, ml: ManifestList, partition: str | None, entries: list[SuperfileEntry]) -> PartRef:
     path, size = store.write_part(entries, ml.schema)
-    ref = part_ref(path, partition, entries, size)
+    return _sealed_if_full(ml, part_ref(path, partition, entries, size))
+
+
+def _extended(store: ManifestStore, ml: ManifestList, ref: PartRef, new: list[SuperfileEntry]) -> PartRef:
+    """The open part ``ref`` with ``new`` entries added: only they are encoded and summarized."""
+    final = ref.entry_count + len(new) >= ml.options.manifest_part_max_entries
+    path, size = store.extend_part(ref, new, ml.schema, final=final)
+    return _sealed_if_full(ml, extended_ref(ref, path, new, size))
+
+
+def _sealed_if_full(ml: ManifestList, ref: PartRef) -> PartRef:
     opts = ml.options
-    sealed = len(entries) >= opts.manifest_part_max_entries or size >= opts.manifest_part_max_bytes
+    sealed = ref.entry_count >= opts.manifest_part_max_entries or ref.byte_size >= opts.manifest_part_max_bytes
     return replace(ref, sealed=sealed)
 
 
@@ -213,7 +223,7 @@ def apply_change(current: ManifestList, current_path: str, change: Change, store
         if open_idx is not None:
             ref = parts[open_idx]
             if ref.entry_count + len(new) <= cap:
-                parts[open_idx] = _part(store, current, partition, store.load_part(ref, current.schema) + new)
+                parts[open_idx] = _extended(store, current, ref, new)
                 continue
             parts[open_idx] = replace(ref, sealed=True)
         for start in range(0, len(new), cap):
@@ -319,18 +329,22 @@ def publish_with(
                     open_bases.clear()
             if pointer.table_uuid != table_uuid:
                 raise TableNotFoundError("the table was dropped and re-created while this change was staged")
-            with uploads():  # this attempt's parts, deletion vectors and list are written concurrently
+            prepared: PreparedPointer | None = None
+            with uploads():  # this attempt's parts, deletion vectors, list (and pointer's temp file) concurrently
                 current = store.load_list(pointer.manifest)
                 ml = successor(current, pointer.manifest)
                 path = ml.history_tail[-1].manifest
                 store.write_list(ml, path)
+                prepared = store.prepare_pointer(Pointer(ml.version, path, ml.table_uuid))
                 settle()  # with the superfiles of an enclosing writer's block: all durable before the swap
         except StorageError as err:
+            if prepared is not None:
+                store.discard_pointer(prepared)
             if not open_bases:
                 raise  # every earlier swap is settled as not landed: nothing committed
             return _resolve(store, written, open_bases, f"storage failed while retrying: {err}", err)
         try:
-            store.swap_pointer(Pointer(ml.version, path, ml.table_uuid), etag)
+            store.swap_pointer(prepared, etag)
             return path, ml
         except TableNotFoundError:
             raise

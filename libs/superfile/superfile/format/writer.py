@@ -98,7 +98,9 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
 
     sink = io.BytesIO()
     try:
-        writer = pq.ParquetWriter(sink, table.schema, compression=cast(Any, spec.compression))  # checked by pyarrow
+        writer = pq.ParquetWriter(
+            sink, table.schema, compression=cast(Any, spec.compression), use_dictionary=spec.dictionary
+        )  # compression checked by pyarrow
     except (ValueError, pa.ArrowException) as e:
         raise InvalidOptionError(f"cannot write Parquet with compression {spec.compression!r}: {e}") from None
     try:

@@ -17,6 +17,7 @@ import os
 import secrets
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from superfile.errors import (
     ObjectNotFoundError,
@@ -26,7 +27,7 @@ from superfile.errors import (
 )
 from superfile.io import ObjectInfo, bool_option, check_key, check_prefix, check_range
 
-__all__ = ["LocalStorage"]
+__all__ = ["LocalStorage", "StagedWrite"]
 
 _TMP_SUFFIX = ".sftmp"
 
@@ -37,6 +38,15 @@ def _etag(data: bytes) -> str:
 
 def _is_temp(name: str) -> bool:
     return name.startswith(".") and name.endswith(_TMP_SUFFIX)
+
+
+@dataclass(frozen=True)
+class StagedWrite:
+    """A write of ``path`` prepared in the temp file ``tmp`` (written and fsynced), waiting for its swap."""
+
+    path: str
+    tmp: str
+    etag: str  # of the staged bytes
 
 
 def _sync_dir(directory: str) -> None:
@@ -96,17 +106,30 @@ class LocalStorage:
         if self._fsync:
             _sync_dir(directory)
 
-    def _write_temp(self, target: str, data: bytes) -> str:
-        """Write ``data`` to a fresh temp file next to ``target``; return its path."""
+    def _open_temp(self, target: str, data: bytes) -> tuple[int, str]:
+        """A fresh temp file next to ``target`` holding ``data``, not yet fsynced: its open descriptor and path."""
         directory, name = os.path.split(target)
-        os.makedirs(directory, exist_ok=True)
         tmp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}{_TMP_SUFFIX}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileNotFoundError:  # the directory's first object
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with memoryview(data) as view:
                 written = 0
                 while written < len(view):
                     written += os.write(fd, view[written:])
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        return fd, tmp
+
+    def _write_temp(self, target: str, data: bytes) -> str:
+        """Write ``data`` to a fresh temp file next to ``target`` and fsync it; return its path."""
+        fd, tmp = self._open_temp(target, data)
+        try:
             if self._fsync:
                 os.fsync(fd)
         except BaseException:
@@ -187,22 +210,75 @@ class LocalStorage:
                 _sync_dir(os.path.dirname(target))
         return _etag(data)
 
+    def write_unique(self, path: str, data: bytes) -> str:
+        """``write_if_absent`` for a fresh unique name that nothing reads until a durable reference names it (a
+        commit's new objects: its pointer swap waits for this call to return). The temp file is linked to its
+        name *before* its fsync, so one journal commit makes the content and the name durable together (the
+        directory fsync after it finds them written) instead of one for each. A power loss before this returned
+        may leave the name holding a partial file: unreferenced, and removed by ``cleanup``; a process killed
+        at any point leaves the bytes whole (they were written before the link)."""
+        target = self._path(path)
+        with self._errors(path):
+            fd, tmp = self._open_temp(target, data)
+            try:
+                try:
+                    os.link(tmp, target)
+                except FileExistsError as err:
+                    raise PreconditionFailedError(f"{self.uri}: {path!r} already exists") from err
+                finally:
+                    os.unlink(tmp)
+                if self._fsync:
+                    try:
+                        os.fsync(fd)
+                        _sync_dir(os.path.dirname(target))
+                    except BaseException:
+                        os.unlink(target)  # not durable: a retry must write it again, not find it there
+                        raise
+            finally:
+                os.close(fd)
+        return _etag(data)
+
+    def stage(self, path: str, data: bytes) -> StagedWrite:
+        """The first half of :meth:`write_if_match`, done ahead: ``data`` in a temp file beside ``path``, fsynced.
+        A commit stages its pointer while its other objects upload, so the swap itself (:meth:`swap_staged`) is
+        only the guarded rename and the directory fsync."""
+        target = self._path(path)
+        with self._errors(path):
+            return StagedWrite(path, self._write_temp(target, data), _etag(data))
+
+    def swap_staged(self, staged: StagedWrite, etag: str) -> str:
+        """:meth:`write_if_match` of a staged write: replaces its object if that still has ``etag``. The temp file
+        is consumed either way."""
+        target = self._path(staged.path)
+        with self._errors(staged.path):
+            self._swap(target, staged.path, staged.tmp, etag)
+        return staged.etag
+
+    def discard(self, staged: StagedWrite) -> None:
+        """Remove a staged write that will not be swapped in."""
+        with contextlib.suppress(OSError):
+            os.unlink(staged.tmp)
+
     def write_if_match(self, path: str, data: bytes, etag: str) -> str:
         target = self._path(path)
         with self._errors(path):
-            tmp = self._write_temp(target, data)
-            try:
-                with self._dir_locked(os.path.dirname(target)):
-                    with open(target, "rb") as f:
-                        current = _etag(f.read())
-                    if current != etag:
-                        raise PreconditionFailedError(f"{self.uri}: {path!r} changed (etag {etag!r} is stale)")
-                    os.replace(tmp, target)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            self._swap(target, path, self._write_temp(target, data), etag)
         return _etag(data)
+
+    def _swap(self, target: str, path: str, tmp: str, etag: str) -> None:
+        """Rename ``tmp`` over ``target`` if ``target`` still has ``etag``, under the directory's lock, then fsync
+        the directory; ``tmp`` is gone afterwards either way."""
+        try:
+            with self._dir_locked(os.path.dirname(target)):
+                with open(target, "rb") as f:
+                    current = _etag(f.read())
+                if current != etag:
+                    raise PreconditionFailedError(f"{self.uri}: {path!r} changed (etag {etag!r} is stale)")
+                os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def delete(self, path: str) -> None:
         target = self._path(path)

@@ -21,7 +21,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyroaring
@@ -36,9 +38,12 @@ from superfile.errors import (
 )
 from superfile.evolution import schema_id
 from superfile.io import Storage, write_new
+from superfile.io.local import LocalStorage, StagedWrite
 from superfile.manifest.model import ManifestList, PartRef, Pointer, SuperfileEntry
 
-__all__ = ["POINTER", "ManifestStore", "Uploads", "backoff", "settle", "uploads"]
+__all__ = ["POINTER", "ManifestStore", "PreparedPointer", "Uploads", "backoff", "settle", "uploads"]
+
+T = TypeVar("T")
 
 POINTER = "_pointer.json"
 SEQUENCE = "_sequence.json"
@@ -76,20 +81,30 @@ class Uploads:
     a network (memory, ``fsync=false``) writes each object at once: a thread would only add its hand-off."""
 
     def __init__(self) -> None:
-        self._pending: list[Future[str]] = []
+        self._pending: list[Future[Any]] = []
         self._lock = threading.Lock()
 
     def put(self, storage: Storage, path: str, data: bytes, *, plain: bool = False) -> None:
         """Create ``path`` (a fresh unique name) holding ``data`` (``io.write_new``; ``plain``: with
         ``storage.write``, which uploads a big superfile to S3 in parts); may return before it is written:
-        :meth:`settle` says when it is, or that it failed."""
-        write: Callable[[str, bytes], str] = storage.write if plain else partial(write_new, storage)
+        :meth:`settle` says when it is, or that it failed. On local disk (``LocalStorage`` itself, not a
+        wrapper of it) with ``LocalStorage.write_unique``: one journal commit per object instead of two."""
+        write: Callable[[str, bytes], str]
+        if isinstance(storage, LocalStorage):  # no answer to lose on local disk: nothing for write_new to retry
+            write = storage.write_unique
+        else:
+            write = storage.write if plain else partial(write_new, storage)
         if not (storage.remote or getattr(storage, "syncs", False)):
             write(path, data)
             return
-        future = _upload_pool().submit(write, path, data)
+        self.submit(write, path, data)
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` on the upload threads as part of this batch: :meth:`settle` waits for it too."""
+        future = _upload_pool().submit(fn, *args)
         with self._lock:
             self._pending.append(future)
+        return future
 
     def settle(self) -> None:
         """Wait for every object put so far; raises the first failure once all have finished."""
@@ -136,6 +151,20 @@ def settle() -> None:
         batch.settle()
 
 
+@dataclass
+class PreparedPointer:
+    """A pointer about to be swapped in: its bytes, and (local disk) the future of its staged temp file."""
+
+    pointer: Pointer
+    data: bytes
+    staged: Future[StagedWrite] | None = None
+
+
+_ZSTD = pa.Codec("zstd")
+_PART_END = _ZSTD.compress(b"]}", asbytes=True)  # the last frame of every part
+_PART_FRAMES = 64  # an open part extended more often than this is compressed again as one frame
+
+
 def _part_key(path: str, schema: pa.Schema) -> str:
     return f"{path}#{schema_id(schema)}"
 
@@ -160,6 +189,9 @@ class ManifestStore:
         # part is rewritten on every commit, and only its new entries need encoding (the entry held keeps its
         # id from being reused while cached)
         self._encoded: LRUCache[tuple[int, int], tuple[SuperfileEntry, str]] = LRUCache(maxsize=4 * cache_size)
+        # the parts written last, by (path, schema id) -> (their entries, the compressed frames before the
+        # closing one, how many): the next commit's open part is one of them plus new entries
+        self._frames: LRUCache[tuple[str, int], tuple[list[SuperfileEntry], bytes, int]] = LRUCache(maxsize=8)
         self._encoded_lock = threading.Lock()
 
     def _put(self, path: str, data: bytes) -> None:
@@ -181,11 +213,32 @@ class ManifestStore:
         settle()  # what the pointer reaches is durable before it is
         write_new(self.storage, POINTER, json.dumps(pointer.to_json()).encode())
 
-    def swap_pointer(self, pointer: Pointer, etag: str) -> None:
+    def prepare_pointer(self, pointer: Pointer) -> PreparedPointer:
+        """``pointer`` ready for :meth:`swap_pointer`. On local disk with fsync, inside an :func:`uploads` block,
+        its temp file is written and fsynced now among the block's uploads, so the swap is only the guarded
+        rename and the directory fsync; elsewhere it is written at the swap."""
+        prepared = PreparedPointer(pointer, json.dumps(pointer.to_json()).encode())
+        batch: Uploads | None = getattr(_local, "uploads", None)
+        if batch is not None and isinstance(self.storage, LocalStorage) and self.storage.syncs:
+            prepared.staged = batch.submit(self.storage.stage, POINTER, prepared.data)
+        return prepared
+
+    def discard_pointer(self, prepared: PreparedPointer) -> None:
+        """Remove what :meth:`prepare_pointer` staged for a swap that will not happen (waits for it first)."""
+        if prepared.staged is not None and isinstance(self.storage, LocalStorage):
+            with contextlib.suppress(Exception):
+                self.storage.discard(prepared.staged.result())
+
+    def swap_pointer(self, pointer: Pointer | PreparedPointer, etag: str) -> None:
         """Publish: raises PreconditionFailedError if another commit landed since ``etag`` was read."""
         settle()  # what the pointer reaches is durable before it is (publish settles first, for its errors)
+        prepared = pointer if isinstance(pointer, PreparedPointer) else PreparedPointer(pointer, b"")
         try:
-            self.storage.write_if_match(POINTER, json.dumps(pointer.to_json()).encode(), etag)
+            if prepared.staged is not None and isinstance(self.storage, LocalStorage):
+                self.storage.swap_staged(prepared.staged.result(), etag)
+            else:
+                data = prepared.data or json.dumps(prepared.pointer.to_json()).encode()
+                self.storage.write_if_match(POINTER, data, etag)
         except ObjectNotFoundError:
             raise TableNotFoundError(f"table at {self.storage.uri!r} was dropped") from None
 
@@ -240,6 +293,7 @@ class ManifestStore:
 
     def write_list(self, ml: ManifestList, path: str) -> None:
         self._put(path, json.dumps(ml.to_json(), separators=(",", ":")).encode())
+        self._lists.get_or_load(path, lambda: ml)  # the next commit builds on it: not read back
 
     # -- parts -----------------------------------------------------------------
     def load_part(self, ref: PartRef, schema: pa.Schema) -> list[SuperfileEntry]:
@@ -267,15 +321,42 @@ class ManifestStore:
         return text
 
     def write_part(self, entries: Sequence[SuperfileEntry], schema: pa.Schema) -> tuple[str, int]:
+        """Write a new part holding ``entries``; returns its path and size."""
         sid = schema_id(schema)
-        raw = ('{"entries":[' + ",".join(self._entry_json(e, schema, sid) for e in entries) + "]}").encode()
-        sink = pa.BufferOutputStream()
-        with pa.CompressedOutputStream(sink, "zstd") as out:
-            out.write(raw)
-        data = sink.getvalue().to_pybytes()
+        held = list(entries)
+        body = '{"entries":[' + ",".join(self._entry_json(e, schema, sid) for e in held)
+        head = _ZSTD.compress(body.encode(), asbytes=True)
+        return self._write_frames(held, schema, sid, head, 1)
+
+    def extend_part(
+        self, ref: PartRef, new: Sequence[SuperfileEntry], schema: pa.Schema, *, final: bool = False
+    ) -> tuple[str, int]:
+        """Write a new part holding ``ref``'s entries followed by ``new`` (the open part a small commit adds
+        to); returns its path and size. When this store wrote ``ref``'s part, only ``new`` is encoded and
+        compressed: a part is a sequence of zstd frames (which decompress as one), and the new one repeats the
+        old one's frames and adds one. Past :data:`_PART_FRAMES` frames, or when ``final`` (the part is sealed
+        by this write), it is compressed again as one frame."""
+        sid = schema_id(schema)
+        base = self.load_part(ref, schema)
+        held = base + list(new)
+        with self._encoded_lock:
+            kept = self._frames.get((ref.path, sid))
+        if kept is None or kept[0] is not base or final or kept[2] >= _PART_FRAMES:
+            return self.write_part(held, schema)
+        text = ",".join(self._entry_json(e, schema, sid) for e in new)
+        head = kept[1] + _ZSTD.compress(("," + text if base else text).encode(), asbytes=True)
+        return self._write_frames(held, schema, sid, head, kept[2] + 1)
+
+    def _write_frames(
+        self, held: list[SuperfileEntry], schema: pa.Schema, sid: int, head: bytes, frames: int
+    ) -> tuple[str, int]:
+        """Write the part whose compressed entries are ``head`` (``frames`` zstd frames), closed by ``]}``."""
+        data = head + _PART_END
         path = f"_manifests/parts/{uuid.uuid4().hex}.json.zst"
         self._put(path, data)
-        self._parts.get_or_load(_part_key(path, schema), lambda: list(entries))
+        self._parts.get_or_load(_part_key(path, schema), lambda: held)
+        with self._encoded_lock:
+            self._frames[(path, sid)] = (held, head, frames)
         return path, len(data)
 
     # -- deletion vectors --------------------------------------------------------

@@ -12,7 +12,7 @@ from superfile.expressions import ColumnStats
 from superfile.manifest.bloom import BloomFilter
 from superfile.manifest.model import PartRef, SuperfileEntry, TextSummary, VectorSummary
 
-__all__ = ["column_stats", "merge_stats", "part_ref", "text_summary", "vector_summary"]
+__all__ = ["column_stats", "extended_ref", "merge_stats", "part_ref", "text_summary", "vector_summary"]
 
 _MAX_BOUND_CHARS = 64
 
@@ -95,13 +95,18 @@ def merge_stats(many: Sequence[dict[str, ColumnStats]]) -> dict[str, ColumnStats
     return out
 
 
-def part_ref(path: str, partition: str | None, entries: Sequence[SuperfileEntry], byte_size: int) -> PartRef:
+def _text_range(summaries: Sequence[dict[str, TextSummary]]) -> dict[str, TextSummary]:
+    """Per full-text column, the term range over ``summaries`` (no bloom filter: a part's says yes)."""
     text: dict[str, TextSummary] = {}
-    for col in set().union(*(e.text.keys() for e in entries)) if entries else set():
-        ts = [e.text[col] for e in entries if col in e.text]
+    for col in set().union(*(t.keys() for t in summaries)) if summaries else set():
+        ts = [t[col] for t in summaries if col in t]
         lows = [t.min_term for t in ts if t.min_term is not None]
         highs = [t.max_term for t in ts if t.max_term is not None]
         text[col] = TextSummary(None, min(lows, default=None), max(highs, default=None))
+    return text
+
+
+def part_ref(path: str, partition: str | None, entries: Sequence[SuperfileEntry], byte_size: int) -> PartRef:
     return PartRef(
         path=path,
         partition=partition,
@@ -112,6 +117,29 @@ def part_ref(path: str, partition: str | None, entries: Sequence[SuperfileEntry]
         id_min=min((e.id_min for e in entries), default=0),
         id_max=max((e.id_max for e in entries), default=0),
         stats=merge_stats([e.stats for e in entries]),
-        text=text,
+        text=_text_range([e.text for e in entries]),
+        sealed=False,
+    )
+
+
+def extended_ref(ref: PartRef, path: str, new: Sequence[SuperfileEntry], byte_size: int) -> PartRef:
+    """The ref of part ``path``: the entries of ``ref``'s part followed by ``new``. Summarized from ``ref``'s own
+    summaries and the new entries only (sums, minima, maxima and "unknown" compose), it equals
+    :func:`part_ref` over all the entries at a cost that does not grow with the part: a small commit adds to
+    the open part of up to ``manifest_part_max_entries`` entries every time."""
+    if not ref.entry_count:
+        return part_ref(path, ref.partition, new, byte_size)
+    added = part_ref(path, ref.partition, new, byte_size)
+    return PartRef(
+        path=path,
+        partition=ref.partition,
+        entry_count=ref.entry_count + added.entry_count,
+        byte_size=byte_size,
+        rows=ref.rows + added.rows,
+        live_rows=ref.live_rows + added.live_rows,
+        id_min=min(ref.id_min, added.id_min) if added.entry_count else ref.id_min,
+        id_max=max(ref.id_max, added.id_max) if added.entry_count else ref.id_max,
+        stats=merge_stats([ref.stats, added.stats]) if added.entry_count else dict(ref.stats),
+        text=_text_range([ref.text, added.text]),
         sealed=False,
     )
