@@ -81,7 +81,7 @@ class Uploads:
     a network (memory, ``fsync=false``) writes each object at once: a thread would only add its hand-off."""
 
     def __init__(self) -> None:
-        self._pending: list[Future[Any]] = []
+        self._pending: list[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
         self._lock = threading.Lock()
 
     def put(self, storage: Storage, path: str, data: bytes, *, plain: bool = False) -> None:
@@ -103,16 +103,24 @@ class Uploads:
         """Run ``fn(*args)`` on the upload threads as part of this batch: :meth:`settle` waits for it too."""
         future = _upload_pool().submit(fn, *args)
         with self._lock:
-            self._pending.append(future)
+            self._pending.append((future, fn, args))
         return future
 
     def settle(self) -> None:
-        """Wait for every object put so far; raises the first failure once all have finished."""
+        """Wait for every object put so far; raises the first failure once all have finished. An upload no
+        thread has started yet (a busy machine schedules them late) runs here, on the waiting thread."""
         with self._lock:
             pending, self._pending = self._pending, []
         failure: BaseException | None = None
-        for future in pending:
-            failure = failure or future.exception()
+        for future, fn, args in pending:
+            if future.cancel():  # not started: the pool will skip it
+                try:
+                    fn(*args)
+                except BaseException as err:  # reported once every upload has finished
+                    failure = failure or err
+        for future, _, _ in pending:
+            if not future.cancelled():
+                failure = failure or future.exception()
         if failure is not None:
             raise failure
 
@@ -153,11 +161,11 @@ def settle() -> None:
 
 @dataclass
 class PreparedPointer:
-    """A pointer about to be swapped in: its bytes, and (local disk) the future of its staged temp file."""
+    """A pointer about to be swapped in: its bytes, and (local disk) its staged temp file."""
 
     pointer: Pointer
     data: bytes
-    staged: Future[StagedWrite] | None = None
+    staged: StagedWrite | None = None
 
 
 _ZSTD = pa.Codec("zstd")
@@ -214,20 +222,19 @@ class ManifestStore:
         write_new(self.storage, POINTER, json.dumps(pointer.to_json()).encode())
 
     def prepare_pointer(self, pointer: Pointer) -> PreparedPointer:
-        """``pointer`` ready for :meth:`swap_pointer`. On local disk with fsync, inside an :func:`uploads` block,
-        its temp file is written and fsynced now among the block's uploads, so the swap is only the guarded
-        rename and the directory fsync; elsewhere it is written at the swap."""
+        """``pointer`` ready for :meth:`swap_pointer`. On local disk with fsync its temp file is written and
+        fsynced now, by the committing thread while the upload threads write the commit's objects (call it
+        before :func:`settle`), so the swap is only the guarded rename and the directory fsync; elsewhere the
+        pointer is written at the swap."""
         prepared = PreparedPointer(pointer, json.dumps(pointer.to_json()).encode())
-        batch: Uploads | None = getattr(_local, "uploads", None)
-        if batch is not None and isinstance(self.storage, LocalStorage) and self.storage.syncs:
-            prepared.staged = batch.submit(self.storage.stage, POINTER, prepared.data)
+        if isinstance(self.storage, LocalStorage) and self.storage.syncs:
+            prepared.staged = self.storage.stage(POINTER, prepared.data)
         return prepared
 
     def discard_pointer(self, prepared: PreparedPointer) -> None:
-        """Remove what :meth:`prepare_pointer` staged for a swap that will not happen (waits for it first)."""
+        """Remove what :meth:`prepare_pointer` staged for a swap that will not happen."""
         if prepared.staged is not None and isinstance(self.storage, LocalStorage):
-            with contextlib.suppress(Exception):
-                self.storage.discard(prepared.staged.result())
+            self.storage.discard(prepared.staged)
 
     def swap_pointer(self, pointer: Pointer | PreparedPointer, etag: str) -> None:
         """Publish: raises PreconditionFailedError if another commit landed since ``etag`` was read."""
@@ -235,7 +242,7 @@ class ManifestStore:
         prepared = pointer if isinstance(pointer, PreparedPointer) else PreparedPointer(pointer, b"")
         try:
             if prepared.staged is not None and isinstance(self.storage, LocalStorage):
-                self.storage.swap_staged(prepared.staged.result(), etag)
+                self.storage.swap_staged(prepared.staged, etag)
             else:
                 data = prepared.data or json.dumps(prepared.pointer.to_json()).encode()
                 self.storage.write_if_match(POINTER, data, etag)
