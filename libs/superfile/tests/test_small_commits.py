@@ -149,16 +149,16 @@ class _Recording(LocalStorage):
     def child(self, prefix: str) -> _Recording:
         return _Recording(str(Path(self.local_path(prefix.removesuffix("/")) or "")), self.fail, self)
 
-    def _create(self, write: Any, path: str, data: bytes) -> str:
+    def _create(self, write: Any, path: str, data: bytes) -> Any:
         if self.fail and path.startswith(self.fail):
             raise StorageError(f"{path!r}: injected failure")
-        etag: str = write(path, data)
+        etag = write(path, data)
         with self._lock:
             self.events.append(("created", path))
         return etag
 
-    def write_unique(self, path: str, data: bytes) -> str:
-        return self._create(super().write_unique, path, data)
+    def write_unique(self, path: str, data: bytes) -> None:
+        self._create(super().write_unique, path, data)
 
     def write_if_absent(self, path: str, data: bytes) -> str:
         return self._create(super().write_if_absent, path, data)

@@ -210,13 +210,14 @@ class LocalStorage:
                 _sync_dir(os.path.dirname(target))
         return _etag(data)
 
-    def write_unique(self, path: str, data: bytes) -> str:
+    def write_unique(self, path: str, data: bytes) -> None:
         """``write_if_absent`` for a fresh unique name that nothing reads until a durable reference names it (a
         commit's new objects: its pointer swap waits for this call to return). The temp file is linked to its
         name *before* its fsync, so one journal commit makes the content and the name durable together (the
         directory fsync after it finds them written) instead of one for each. A power loss before this returned
         may leave the name holding a partial file: unreferenced, and removed by ``cleanup``; a process killed
-        at any point leaves the bytes whole (they were written before the link)."""
+        at any point leaves the bytes whole (they were written before the link). Returns no etag: nothing is
+        ever conditioned on a fresh object's."""
         target = self._path(path)
         with self._errors(path):
             fd, tmp = self._open_temp(target, data)
@@ -236,7 +237,6 @@ class LocalStorage:
                         raise
             finally:
                 os.close(fd)
-        return _etag(data)
 
     def stage(self, path: str, data: bytes) -> StagedWrite:
         """The first half of :meth:`write_if_match`, done ahead: ``data`` in a temp file beside ``path``, fsynced.

@@ -89,7 +89,7 @@ class Uploads:
         ``storage.write``, which uploads a big superfile to S3 in parts); may return before it is written:
         :meth:`settle` says when it is, or that it failed. On local disk (``LocalStorage`` itself, not a
         wrapper of it) with ``LocalStorage.write_unique``: one journal commit per object instead of two."""
-        write: Callable[[str, bytes], str]
+        write: Callable[[str, bytes], object]
         if isinstance(storage, LocalStorage):  # no answer to lose on local disk: nothing for write_new to retry
             write = storage.write_unique
         else:
