@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -32,6 +32,11 @@ class LRU:
     def __contains__(self, key: Hashable) -> bool:
         with self._lock:
             return key in self._items
+
+    def __iter__(self) -> Iterator[Hashable]:
+        """The keys held now (loaded or loading), least recently used first: a copy, taken under the lock."""
+        with self._lock:
+            return iter(list(self._items))
 
     def get_or_load(self, key: Hashable, load: Callable[[], T]) -> tuple[T, bool]:
         """``key``'s value, loaded by ``load`` on a miss; True when this call loaded it."""

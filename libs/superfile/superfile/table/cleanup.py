@@ -156,6 +156,7 @@ def cleanup(
     incomplete = 0
     if not dry_run:
         list(query_pool().map(lambda info: storage.delete(info.path), doomed))
+        table.files.release([i.path for i in doomed if _kind(i.path) == "superfiles"])  # unmap what is gone
         # what killed writers left half written (temp files, multipart uploads), by the same margin
         incomplete = storage.purge_incomplete(files_before_ms / 1000)
     return {

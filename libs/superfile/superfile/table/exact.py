@@ -17,7 +17,8 @@ results the index would give:
 
 Analysing a column costs a pass over its values; it is kept per superfile and column (:data:`_analysed`, up to
 :data:`ANALYSED_BYTES` of analyses, not a count: a table of 10,000 small level-0 superfiles keeps them all), as an
-index would be, until the background rewrite replaces the file.
+index would be, until the background rewrite replaces the file; then, once no live snapshot names the file,
+:func:`release` drops it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from superfile.format.fulltext import Candidates, CorpusStats, corpus_df, idf, m
 from superfile.format.tantivy_files import FIELDNORMS
 from superfile.format.vector_index import exact_distances
 
-__all__ = ["ANALYSED_BYTES", "ExactCandidates", "ExactText", "analysed", "nearest"]
+__all__ = ["ANALYSED_BYTES", "ExactCandidates", "ExactText", "analysed", "nearest", "release"]
 
 _K1, _B = 1.2, 0.75  # tantivy's BM25 constants, as format/fulltext.py uses them
 _MODES = {"any": False, "or": False, "all": True, "and": True}
@@ -176,6 +177,13 @@ def analysed(key: str, values: Callable[[], pa.Array | pa.ChunkedArray], tokeniz
     only when it is not kept yet), kept for later queries."""
     found, _ = _analysed.get_or_load(f"{key}#{tokenizer}", lambda: ExactText(values(), tokenizer))
     return found
+
+
+def release(uri: str, keep: Callable[[str], bool]) -> None:
+    """Drop the analyses of table ``uri``'s superfiles whose path ``keep`` rejects (no live snapshot names them:
+    ``TableFiles.release``). Keys are ``URI#path#column#tokenizer``, as :func:`analysed` is given them."""
+    prefix = f"{uri}#"
+    _analysed.discard(lambda k: not k.startswith(prefix) or keep(k[len(prefix) :].split("#", 1)[0]))
 
 
 def nearest(

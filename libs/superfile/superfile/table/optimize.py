@@ -205,6 +205,7 @@ def _once(
         carry=rewrite.carry(),
     )
     _, manifest = table.commit(change, base=pointer)
+    table.files.release(removed)  # the inputs: this process reads the outputs from now on
     # the outputs start without deletes: any they have in the version published were carried onto them
     outputs = locate(manifest, table.files.manifests, rewrite.added).values()
     carried = sum(e.deletes.count for _, e in outputs if e.deletes is not None)

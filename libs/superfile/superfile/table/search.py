@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -55,7 +55,17 @@ from superfile.search.request import (
 from superfile.table.exact import ExactText, analysed, nearest
 from superfile.table.snapshot import Snapshot, open_readers
 
-__all__ = ["HYBRID_DEPTH", "MAX_K", "MAX_PREFIX_TERMS", "RRF_K", "Searcher", "check_row_limit", "rrf_fuse", "top_terms"]
+__all__ = [
+    "HYBRID_DEPTH",
+    "MAX_K",
+    "MAX_PREFIX_TERMS",
+    "RRF_K",
+    "Searcher",
+    "check_row_limit",
+    "release_snapshots",
+    "rrf_fuse",
+    "top_terms",
+]
 
 log = logging.getLogger(__name__)
 _SEGMENT_FILES = 8  # files a tantivy segment maps: 6 here (postings, positions, terms, fast, norms, store)
@@ -72,12 +82,28 @@ class _NewestSnapshots:
     union maps every segment file and copies every superfile's IVF lists, so the soak's gateway (a commit a
     second) mapped segment files up to 17 times and grew by ~1 GB of copies (BENCHMARKS.md, "Soak")."""
 
+    every: ClassVar[list[_NewestSnapshots]] = []  # what :func:`release_snapshots` goes through
+
     def __init__(self, keep: int = 2, tables: int = 64) -> None:
         self._items = LRU(keep * tables)
         self._keep = keep
         self._lock = threading.Lock()
         # table # column -> its snapshots' keys, most recent last; bounded like the values, by table
         self._recent: LRUCache[str, list[str]] = LRUCache(maxsize=tables)
+        _NewestSnapshots.every.append(self)
+
+    def release(self, uri: str, keep: Callable[[str], bool]) -> None:
+        """Drop the state of the snapshots of table ``uri`` whose key ``keep`` rejects."""
+        prefix = f"{uri}#"
+        stale: set[str] = set()
+        with self._lock:
+            for table in [t for t in self._recent if t.startswith(prefix)]:
+                recent = self._recent[table]
+                gone = {k for k in recent if not keep(k[len(table) + 1 :])}
+                recent[:] = [k for k in recent if k not in gone]
+                stale |= gone
+        if stale:
+            self._items.discard(lambda k: k not in stale)
 
     def get_or_load(self, table: str, snapshot: str, load: Callable[[], T]) -> T:
         key = f"{table}#{snapshot}"
@@ -98,6 +124,13 @@ class _NewestSnapshots:
 _unions = _NewestSnapshots()  # -> (BM25 union, its superfiles in _id order) or None
 _vector_unions = _NewestSnapshots()  # -> (vector union, its superfiles in part order, part by path) or None
 _vector_summaries = _NewestSnapshots()  # -> _Summaries
+
+
+def release_snapshots(uri: str, keep: Callable[[str], bool]) -> None:
+    """Drop the search state (unions, summaries) of table ``uri``'s snapshots whose key ``keep`` rejects: those
+    that name superfiles no live snapshot does (``TableFiles.release``), whose indexes it holds open."""
+    for cache in _NewestSnapshots.every:
+        cache.release(uri, keep)
 
 
 def _is_ascending(ids: np.ndarray) -> bool:

@@ -8,8 +8,9 @@ import itertools
 import logging
 import os
 import resource
+import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Protocol, TypeVar
@@ -30,6 +31,7 @@ from superfile.manifest.model import ManifestList, PartRef, SuperfileEntry
 from superfile.manifest.store import ManifestStore
 from superfile.pools import query_pool, query_threads
 from superfile.schema import ID
+from superfile.table import exact
 from superfile.table.columns import FileColumns
 from superfile.table.index_filter import candidate_rows, text_pruner
 
@@ -148,6 +150,15 @@ def _read_columns(reader: FileColumns, names: list[str], rows: np.ndarray | None
     return table if ids is None else table.add_column(0, pa.field(ID, pa.uint64(), nullable=False), ids)
 
 
+@dataclass(frozen=True)
+class _Pin:
+    """A version :meth:`TableFiles.pinned` keeps live (its manifest names its superfiles)."""
+
+    version: int
+    path: str
+    manifest: ManifestList
+
+
 class Fanout(Protocol):
     """Where a query root sends the per-superfile work of a whole snapshot (``superfile.search.root``):
     scans and counts, and the searcher that plans a search and fans it out."""
@@ -186,6 +197,72 @@ class TableFiles:
         self._readers = open_readers()  # shared by every table of the process: one budget
         self._owner = next(_owners)  # this table's keys in it: (owner, path)
         weakref.finalize(self, _gone.add, self._owner)
+        self._pins = threading.Lock()
+        self._recent: tuple[_Pin, ...] = ()  # the two newest versions pinned, newest last (see :meth:`pinned`)
+
+    def pinned(self, snapshot: Snapshot) -> None:
+        """Note a snapshot being made; one of a version newer than any before releases what this process holds
+        of the superfiles the version it pushes out of the two newest named and neither of them names
+        (:meth:`release`), and the search state of every other snapshot.
+
+        Two versions, not one: a search that pinned the previous version just before the commit is still
+        reading its superfiles. Any older snapshot (a time-travel handle, a long search) still works: a released
+        reader stays open for whoever holds it, and one asked for again is reopened while the file exists (its
+        readers are left to the budget, and to an optimize or cleanup naming them). Commits that remove no
+        superfile change few manifest parts: comparing parts first, they cost no listing of superfiles."""
+        with self._pins:
+            if self._recent and snapshot.version <= self._recent[-1].version:
+                return
+            out = self._recent[0] if len(self._recent) == 2 else None
+            self._recent = (*self._recent[-1:], _Pin(snapshot.version, snapshot.path, snapshot.manifest))
+            gone = self._unnamed(out, self._recent) if out is not None else set()
+            self._release(gone, {p.path for p in self._recent})
+
+    def release(self, paths: Collection[str]) -> None:
+        """Release what this process holds of ``paths``, superfiles the newest version no longer names (those an
+        optimize replaced, a cleanup deleted): their readers, analyses and disk-cache copies (also those no
+        reader has open), and the search state of every snapshot but the newest."""
+        gone = set(paths)
+        with self._pins:
+            self._release(gone, {self._recent[-1].path} if self._recent else set())
+        if self.disk_cache is not None:
+            for path in gone:
+                self.disk_cache.discard(self.storage, path)
+
+    def _unnamed(self, out: _Pin, kept: Sequence[_Pin]) -> set[str]:
+        """The superfiles ``out`` names and none of ``kept`` does, read only from the parts they do not share."""
+        shared = {part.path for pin in kept for part in pin.manifest.parts}
+        gone = {e.path for part in out.manifest.parts if part.path not in shared for e in self._entries(out, part)}
+        if gone:
+            old = {part.path for part in out.manifest.parts}
+            for pin in kept:
+                for part in pin.manifest.parts:
+                    if part.path not in old:
+                        gone.difference_update(e.path for e in self._entries(pin, part))
+        return gone
+
+    def _entries(self, pin: _Pin, part: PartRef) -> list[SuperfileEntry]:
+        return self.manifests.load_part(part, pin.manifest.schema)
+
+    def _release(self, gone: set[str], snapshots: Collection[str]) -> None:
+        """Drop the search state of the snapshots not of ``snapshots`` (manifest paths), and the readers,
+        analyses and disk-cache copies of the superfiles ``gone``. Dropping never closes: whoever still holds a
+        reader or an index keeps a working one (a mapping lives until its last holder lets go)."""
+        from superfile.table.search import release_snapshots  # search builds on this module
+
+        uri = self.storage.uri
+        release_snapshots(uri, lambda key: key.split("#", 1)[0] in snapshots)
+        if not gone:
+            return
+        exact.release(uri, lambda path: path not in gone)
+        dropped = {(self._owner, path) for path in gone}
+        held = [k for k in self._readers if k in dropped]
+        if not held:
+            return
+        self._readers.discard(lambda key: key not in dropped)
+        if self.disk_cache is not None:
+            for _, path in held:
+                self.disk_cache.discard(self.storage, path)
 
     def open(self, entry: SuperfileEntry) -> SuperfileReader:
         key = (self._owner, entry.path)
@@ -294,6 +371,7 @@ class Snapshot:
         parts = self.manifest.parts
         if 1 < len(parts) <= self.manifest.options.manifest_eager_max_parts:
             self.map(lambda p: self.files.manifests.load_part(p, self.schema), parts)  # eager, in parallel
+        self.files.pinned(self)
 
     @property
     def version(self) -> int:
