@@ -62,9 +62,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -84,6 +84,7 @@ from superfile_suite import Server, free_port, start_cache_node, start_moto, sta
 K = 10
 PROJECTION = ["_id", "score"]
 KINDS = ("bm25", "vector")
+PHASES = ("latency", "throughput", "calibration", "commits", "restarts")
 TABLE = "bench"
 NODES = 3
 S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -418,6 +419,28 @@ class Bench:
 
     def node_stats(self) -> list[dict[str, Any]]:
         return [self.internal.get(f"{n.url}/v1/stats") for n in self.nodes]
+
+    @contextmanager
+    def profiled(self, out_dir: str | None) -> Iterator[None]:
+        """With ``out_dir``: py-spy records the query root and the fan-out gateway (the thread holding the GIL) while
+        the block runs, one speedscope file each."""
+        if out_dir is None:
+            yield
+            return
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        spy = str(Path(sys.executable).with_name("py-spy"))
+        procs = []
+        for name, server in (("query-root", self.query_root), ("gateway-fanout", self.gw_fanout)):
+            argv = [spy, "record", "--pid", str(server.proc.pid), "--rate", "100", "--gil", "--format", "speedscope",
+                    "--output", str(Path(out_dir, f"{name}.speedscope.json")), "--nonblocking"]  # fmt: skip
+            with open(Path(out_dir, f"{name}.py-spy.log"), "wb") as log:
+                procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+        try:
+            yield
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+                proc.wait(timeout=60)
 
     # -- 1. latency, interleaved -------------------------------------------------------------------
     def latency(self) -> dict[str, Any]:
@@ -796,6 +819,12 @@ def main() -> None:
     p.add_argument("--cores", type=int, default=2, help="cores per process in the fleet projection")
     p.add_argument("--no-hedge", action="store_true", help="the query root without hedging (saves fanout_nohedge.json)")
     p.add_argument("--reproject", action="store_true", help="redo the projection and summary of the saved results")
+    p.add_argument("--phases", default=",".join(PHASES),
+                   help="the phases to run, comma-separated (a run of fewer saves bench/results/fanout_<phases>.json "
+                        "without earlier runs' summaries)")  # fmt: skip
+    p.add_argument("--py-spy", metavar="DIR",
+                   help="record the query root and the fan-out gateway with py-spy during the latency phase "
+                        "(speedscope profiles in DIR)")  # fmt: skip
     args = p.parse_args()
     if args.reproject:
         for name in ("fanout", "fanout_nohedge"):
@@ -806,6 +835,9 @@ def main() -> None:
                 print(save(name, saved))
         return
     args.threads = [int(x) for x in args.threads.split(",")]
+    args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+    if unknown := set(args.phases) - set(PHASES):
+        p.error(f"unknown phases {sorted(unknown)}; the phases are {', '.join(PHASES)}")
     max_rows = math.ceil(args.rows / args.superfiles)
     if args.cache is None:
         args.cache = (
@@ -837,19 +869,29 @@ def main() -> None:
         result["queries"] = b.n
         counters = result["root_and_node_counters"] = {"after setup": b.counters()}
         result["idle_cpu_ms_per_s"] = b.idle_cpu()
-        result["latency"] = b.latency()
-        counters["after latency"] = b.counters()
-        result["throughput"] = b.throughput()
-        counters["after throughput"] = b.counters()
-        result["calibration"] = b.calibrate()
-        result["after_commit"] = b.after_commit()
-        counters["after commits"] = b.counters()
-        result["restarts"] = b.restarts()
-        counters["after restarts (restarted nodes count from 0)"] = b.counters()
+        if "latency" in args.phases:
+            with b.profiled(args.py_spy):
+                result["latency"] = b.latency()
+            counters["after latency"] = b.counters()
+        if "throughput" in args.phases:
+            result["throughput"] = b.throughput()
+            counters["after throughput"] = b.counters()
+        if "calibration" in args.phases:
+            result["calibration"] = b.calibrate()
+        if "commits" in args.phases:
+            result["after_commit"] = b.after_commit()
+            counters["after commits"] = b.counters()
+        if "restarts" in args.phases:
+            result["restarts"] = b.restarts()
+            counters["after restarts (restarted nodes count from 0)"] = b.counters()
         result["cache_nodes_at_end"] = b.node_stats()
         print(json.dumps(counters), flush=True)
     result["wall_s"] = time.perf_counter() - started
     result["code_at_end"] = code_version()
+    if args.phases != list(PHASES):
+        result["phases"] = args.phases
+        print(save(f"fanout_{'_'.join(args.phases)}", result))
+        return
     reproject(result, args.cores)
     print(json.dumps(result["summary"], indent=1))
     name = "fanout_nohedge" if args.no_hedge else "fanout"

@@ -12,6 +12,7 @@ query service, which fans out to three cache nodes (real processes on 127.0.0.1)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
+import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -315,6 +317,91 @@ def test_bad_input(setup: Setup) -> None:
         status, body = request(f"{fleet.query.url}/v1/cluster", token=token)
         assert status == 401, (token, body)
     assert len(fleet.cluster()) == 3
+
+
+def _root_search(
+    fleet: FleetProcesses, path: str, body: bytes, token: str | None, headers: dict[str, str] | None = None
+) -> tuple[int, bytes, str]:
+    """POST ``path`` to the query root as a gateway forwards a search: status, body and content type."""
+    assert fleet.query is not None
+    sent = {"content-type": "application/json", "accept": "application/json", **(headers or {})}
+    if token is not None:
+        sent["authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(f"{fleet.query.url}{path}", data=body, headers=sent, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read(), resp.headers.get("content-type", "")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), e.headers.get("content-type", "")
+
+
+def test_query_root_search_path_answers_as_the_app(setup: Setup) -> None:
+    """The root answers a forwarded search ahead of FastAPI (``SearchFirst``); a query string sends the same
+    request through the gateway's app. Both answer alike: the rows, and every refusal (token, grants, body,
+    table, column) with the same status and error."""
+    fleet = setup.fleet
+    bm25 = json.dumps({"column": "title", "query": "gamma wave", "k": 5, "projection": ["key"]}).encode()
+    vector = json.dumps({"column": "emb", "vector": [0.5] * DIM, "k": 4, "projection": ["key"]}).encode()
+    reader = json.dumps({"key": "00" * 32, "unrestricted": False, "grants": [["docs", "r"]]})
+    writer_only = json.dumps({"key": "00" * 32, "unrestricted": False, "grants": [["docs", "w"]]})
+    cases: list[tuple[str, bytes, str | None, dict[str, str]]] = [
+        ("/tables/docs/search/bm25", bm25, fleet.token, {}),
+        ("/tables/docs/search/vector", vector, fleet.token, {}),
+        ("/tables/docs/search/bm25", bm25, fleet.token, {"x-superfile-grants": reader}),
+        ("/tables/docs/search/bm25", bm25, fleet.token, {"x-superfile-grants": writer_only}),  # 403
+        ("/tables/docs/search/bm25", bm25, fleet.token, {"x-superfile-grants": "{not json"}),  # 400
+        ("/tables/docs/search/bm25", bm25, None, {}),  # 401
+        ("/tables/docs/search/bm25", bm25, "not-the-token", {}),  # 401
+        ("/tables/docs/search/bm25", bm25, API_KEY, {}),  # a gateway's key is not a root's: 401
+        ("/tables/docs/search/bm25", b"not json", fleet.token, {}),  # 400
+        ("/tables/docs/search/bm25", b"", fleet.token, {}),  # 422
+        ("/tables/docs/search/vector", b'{"column": "emb", "vector": [NaN], "k": 3}', fleet.token, {}),  # 400
+        ("/tables/docs/search/bm25", b'{"column": "title", "query": "x", "k": "5"}', fleet.token, {}),  # 422
+        ("/tables/docs/search/bm25", b'{"column": "title", "query": "x", "nope": 1}', fleet.token, {}),  # 422
+        ("/tables/docs/search/bm25", bm25, fleet.token, {"content-type": "text/plain"}),  # 422
+        ("/tables/docs/search/bm25", b'{"column": "nope", "query": "x"}', fleet.token, {}),  # the engine's 4xx
+        ("/tables/nope/search/bm25", bm25, fleet.token, {}),  # 404
+        ("/tables/docs/search/nope", bm25, fleet.token, {}),  # 404, not a route
+    ]
+    for path, body, token, headers in cases:
+        fast = _root_search(fleet, path, body, token, headers)
+        app = _root_search(fleet, f"{path}?through=app", body, token, headers)
+        assert fast == app, (path, body[:80], token, headers)
+    statuses = [_root_search(fleet, path, body, token, headers)[0] for path, body, token, headers in cases]
+    assert statuses == [200, 200, 200, 403, 400, 401, 401, 401, 400, 422, 400, 422, 422, 422, 400, 404, 404]
+
+
+def test_search_first_answers_a_forwarded_search_without_the_app(tmp_path: Any) -> None:
+    """``SearchFirst`` (in process, over an embedded table) answers a valid search itself and hands the gateway's
+    app only what it does not accept: the app's answer to those is checked against it above."""
+    from superfile_gateway.app import create_app as create_gateway_app
+    from superfile_query.app import SearchFirst, query_settings
+
+    app = create_gateway_app(query_settings(f"file://{tmp_path}", "the-token"))
+    gw = app.state.gateway
+    gw.db.create_table("t", pa.schema([("text", pa.string())]), fts_columns=["text"]).append(
+        pa.table({"text": ["alpha beta", "beta gamma"]})
+    )
+    handed: list[str] = []
+
+    async def spy(scope: Any, receive: Any, send: Any) -> None:
+        handed.append(scope["path"])
+        await app(scope, receive, send)
+
+    async def search(body: bytes, token: str = "the-token") -> int:
+        transport = httpx.ASGITransport(app=SearchFirst(spy, gw))  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://root") as client:
+            headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+            return (await client.post("/tables/t/search/bm25", content=body, headers=headers)).status_code
+
+    try:
+        assert asyncio.run(search(b'{"column": "text", "query": "beta", "k": 5}')) == 200
+        assert handed == []
+        assert asyncio.run(search(b'{"column": "text", "query": "beta", "k": "5"}')) == 422
+        assert asyncio.run(search(b'{"column": "text", "query": "beta"}', token="wrong")) == 401
+        assert handed == ["/tables/t/search/bm25"] * 2
+    finally:
+        gw.close()
 
 
 def test_missing_superfile(setup: Setup) -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Header, Query, Request
+from starlette.datastructures import Headers
 from superfile.errors import InvalidOptionError
 
 from superfile_gateway.auth import Principal, principal_of_grants, refuse_keys_in_url
 from superfile_gateway.forward import GRANTS_HEADER
 from superfile_gateway.gateway import At, Gateway, parse_as_of
 
-__all__ = ["GW", "Auth", "ReadAt", "RequestKey", "Wait", "WaitFor", "gateway", "principal", "read_at"]
+__all__ = ["GW", "Auth", "ReadAt", "RequestKey", "Wait", "WaitFor", "caller", "gateway", "principal", "read_at"]
 
 
 async def gateway(request: Request) -> Gateway:
@@ -26,9 +27,12 @@ async def gateway(request: Request) -> Gateway:
 
 async def principal(request: Request) -> Principal:
     """The caller's key; with the internal token, the grants of the caller a gateway forwarded."""
-    gw: Gateway = request.app.state.gateway
-    headers = request.headers
     refuse_keys_in_url(request.query_params.keys())
+    return caller(request.app.state.gateway, request.headers)
+
+
+def caller(gw: Gateway, headers: Headers) -> Principal:
+    """:func:`principal` after its URL check (a query root's search path, which takes no query string, calls it)."""
     found = gw.keys.authenticate(headers.get("authorization"), headers.get("x-api-key"))
     forwarded = headers.get(GRANTS_HEADER)
     if forwarded is not None and gw.trusted(found):
