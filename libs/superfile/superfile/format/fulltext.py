@@ -270,6 +270,7 @@ class FullTextIndex:
         self._norms = norms
         self._directory = directory
         self._length_cache: dict[tuple[int, int], _Lengths] = {}
+        self._own_norm: np.ndarray | None = None
         if norms is not None and len(norms.ids) != self.num_docs:
             raise ValueError(f"norms cover {len(norms.ids)} rows, the index has {self.num_docs}")
 
@@ -469,8 +470,11 @@ class FullTextIndex:
         """The first ``limit`` hits as (row offsets, float64 scores, doc addresses)."""
         hits = self.searcher.search(query, limit, count=False).hits if limit > 0 else []
         docs = [a for _, a in hits]
-        rows = np.asarray(self.searcher.fast_field_values(ROW_FIELD, docs) if docs else [], np.int64)
-        return rows, np.asarray([s for s, _ in hits], np.float64), docs
+        return self.rows_of(docs), np.asarray([s for s, _ in hits], np.float64), docs
+
+    def rows_of(self, docs: list[tantivy.DocAddress]) -> np.ndarray:
+        """The row numbers of these docs (int64): their row offsets in the superfile."""
+        return np.asarray(self.searcher.fast_field_values(ROW_FIELD, docs) if docs else [], np.int64)
 
     def row_filter(self, rows: Sequence[int]) -> tantivy.Query:
         """A query matching exactly these row offsets (a union of ``_row`` terms for few rows: a term set
@@ -507,6 +511,26 @@ class FullTextIndex:
         """The term's frequency in one doc from tantivy's explanation (slow; for ambiguous inversions)."""
         query = tantivy.Query.term_query(self.index.schema, TEXT_FIELD, term)
         return round(_explanation_values(query.explain(self.searcher, doc).to_json())["freq"])
+
+    def term_scorer(self, rows: np.ndarray, docs: list[tantivy.DocAddress]) -> Callable[[str, int], np.ndarray]:
+        """``(term, doc_freq) ->`` :meth:`term_scores` of these docs (``rows``: their row numbers), the row filter
+        built once for all terms."""
+        cached: list[tantivy.Query] = []
+
+        def only() -> tantivy.Query:  # built once, only if some term needs a restricted query
+            if not cached:
+                cached.append(tantivy.Query.const_score_query(self.row_filter(rows.tolist()), 0.0))
+            return cached[0]
+
+        return lambda term, doc_freq: self.term_scores(term, doc_freq, docs, only)
+
+    @property
+    def own_norm(self) -> np.ndarray:
+        """BM25's length factor k1 * (1 - b + b * dl / avgdl) per fieldnorm id with this index's own avgdl
+        (tantivy's, up to float32 rounding)."""
+        if self._own_norm is None:
+            self._own_norm = _length_norm(self.num_docs, self._norm_data().total_tokens)
+        return self._own_norm
 
     def match(self, terms: Sequence[str], mode: str = "and") -> pyroaring.BitMap:
         """Every row offset containing all (mode "and"/"all") or any ("or"/"any") analysed terms, unranked.
@@ -664,9 +688,8 @@ class _Lengths:
 
     @classmethod
     def make(cls, num_docs: int, norms: _Norms, n_glob: int, tokens_glob: int) -> _Lengths:
-        lengths = FIELDNORMS.astype(np.float64)
-        local_norm = _K1 * (1 - _B + _B * lengths * num_docs / norms.total_tokens)
-        global_norm = _K1 * (1 - _B + _B * lengths * n_glob / tokens_glob)
+        local_norm = _length_norm(num_docs, norms.total_tokens)
+        global_norm = _length_norm(n_glob, tokens_glob)
         return cls(local_norm, global_norm, np.flatnonzero(np.bincount(norms.ids, minlength=256)))
 
     def ratio(self, ids: np.ndarray, local: np.ndarray, total_weight: float) -> np.ndarray:
@@ -685,6 +708,11 @@ class _Lengths:
         k_local, k_global = self.local_norm[ids], self.global_norm[ids]
         x = np.clip(local / total_weight, 1 / (1 + k_local), 1.0)
         return np.asarray(k_local / (x * (k_local - k_global) + k_global), np.float64)
+
+
+def _length_norm(num_docs: int, total_tokens: int) -> np.ndarray:
+    """k1 * (1 - b + b * dl / avgdl) for every fieldnorm id's dl, avgdl = total_tokens / num_docs."""
+    return np.asarray(_K1 * (1 - _B + _B * FIELDNORMS.astype(np.float64) * num_docs / total_tokens), np.float64)
 
 
 @dataclass
@@ -786,16 +814,10 @@ class _GlobalPlan:
         skip = int(np.argmax(self.doc_freqs))
         observed = np.zeros((n_terms, len(rows)), np.float64)
         error = np.zeros((n_terms, len(rows)), np.float64)  # bound on the absolute error of observed
-        cached: list[tantivy.Query] = []
-
-        def only() -> tantivy.Query:  # built once, only if some term needs a restricted query
-            if not cached:
-                cached.append(tantivy.Query.const_score_query(self.index.row_filter(rows.tolist()), 0.0))
-            return cached[0]
-
+        scores_of = self.index.term_scorer(rows, docs)
         for j, term in enumerate(self.terms):
             if j != skip:
-                observed[j] = self.index.term_scores(term, self.doc_freqs[j], docs, only)
+                observed[j] = scores_of(term, self.doc_freqs[j])
                 error[j] = observed[j] * _ROUNDING
         rest = local - self.boosts @ observed  # the skipped term's row of observed is still 0
         observed[skip] = np.maximum(rest, 0.0) / self.boosts[skip]

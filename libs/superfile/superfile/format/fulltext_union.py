@@ -14,6 +14,17 @@ return them, so the caller uses a union only for a snapshot without deletion
 vectors. It replaces 9-10 tantivy calls and the numpy bookkeeping per
 superfile with one query.
 
+A union also serves a table-wide BM25 with statistics it does not hold (a
+cache node's share, ranked with the table's df, N and avgdl that a query root
+gathered; or the superfiles of a snapshot that has deletes):
+:class:`UnionText` presents it as one :class:`FullTextIndex` whose rows are
+numbered across its parts, so ``FullTextIndex.candidates`` and
+``global_top_k`` rank it as they rank one superfile. Tantivy's scores only
+pick the candidates (idf-corrected boosts), every score returned is the exact
+float64 one from tf, the row's fieldnorm and the given statistics, and a
+bound on the rows not read decides how deep to read: the answer is the
+per-superfile path's, to the bit.
+
 A union's directory is named after its parts' directories (each named after
 a superfile's content), built once under the cache directory (atomically,
 like an extraction) and reused by every process; the caller keeps the opened
@@ -31,15 +42,26 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tantivy
 
-from superfile.format.fulltext import ROW_FIELD, TEXT_FIELD, FullTextIndex, analyzer_name, make_analyzer
+from superfile.format.fulltext import _K1 as K1
+from superfile.format.fulltext import _ROUNDING as ROUNDING
+from superfile.format.fulltext import (
+    ROW_FIELD,
+    TEXT_FIELD,
+    FullTextIndex,
+    _invert_tf,
+    _Norms,
+    analyzer_name,
+    idf,
+    make_analyzer,
+)
 from superfile.format.tantivy_files import read_meta, segment_files
 
-__all__ = ["UnionIndex", "union_of"]
+__all__ = ["UnionIndex", "UnionText", "union_of", "union_text"]
 
 _TIE_EXTRA = 16  # hits fetched past k, so rows tied with the k-th are all seen (ties break by _id later)
 _KEEP_DIRS = 64  # union directories kept under a cache directory
@@ -56,7 +78,7 @@ class UnionIndex:
         self.searcher = index.searcher()
         if self.searcher.num_segments != len(part_of_segment):
             raise ValueError(f"union opened {self.searcher.num_segments} segments, listed {len(part_of_segment)}")
-        self._part_of = list(part_of_segment)
+        self.part_of = list(part_of_segment)
 
     def top(self, terms: Sequence[str], k: int, mode: str) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """The BM25 top-``k`` of analysed ``terms`` (mode "any" or "all"), as (part index, row offsets,
@@ -79,10 +101,77 @@ class UnionIndex:
         rows = self.searcher.fast_field_values(ROW_FIELD, [d for _, d in hits])
         by_part: dict[int, tuple[list[int], list[float]]] = {}
         for (score, doc), row in zip(hits, rows, strict=True):  # k hits: plain Python beats numpy's set-up
-            found = by_part.setdefault(self._part_of[doc.segment_ord], ([], []))
+            found = by_part.setdefault(self.part_of[doc.segment_ord], ([], []))
             found[0].append(int(row))  # type: ignore[arg-type]  # the row field is an int fast field
             found[1].append(score)
         return [(p, np.asarray(r, np.int64), np.asarray(s, np.float32)) for p, (r, s) in sorted(by_part.items())]
+
+
+class UnionText(FullTextIndex):
+    """A union as one full-text index for the table-wide BM25 (``candidates``, ``global_top_k``): part ``i``'s
+    row offset ``r`` is row ``bases[i] + r``; the fieldnorm ids and token total are its parts' together, as
+    tantivy's union sums them for its own scores.
+
+    Candidates come from one search over every segment. Their tf per term is read from each part's own index
+    (:meth:`term_scorer`): a query restricted to given rows names them by ``_row``, a row offset that every
+    part has, so over the union it would look each one up in every segment (~6x the work for 6 parts)."""
+
+    def __init__(self, union: UnionIndex, parts: Sequence[FullTextIndex]) -> None:
+        """``parts``: one segment each (a part's docs are then ``DocAddress(0, doc)`` in its own index)."""
+        if any(p.searcher.num_segments != 1 for p in parts):
+            raise ValueError("a union's parts for the table-wide BM25 have one segment each")
+        norms = _Norms(np.concatenate([p.fieldnorm_ids for p in parts]), sum(p.total_tokens for p in parts))
+        super().__init__(union.index, parts[0].tokenizer, norms=norms)  # checks the rows add up
+        sizes = np.asarray([p.num_docs for p in parts], np.int64)
+        self.bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self._segment_base = self.bases[np.asarray(union.part_of, np.int64)]
+        self.parts = list(parts)
+
+    def rows_of(self, docs: list[tantivy.DocAddress]) -> np.ndarray:
+        offsets = super().rows_of(docs)
+        segments = np.fromiter((d.segment_ord for d in docs), np.int64, len(docs))
+        return offsets + self._segment_base[segments]
+
+    def split(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Union rows as (part index, row offset in that part)."""
+        part = np.searchsorted(self.bases, rows, side="right") - 1
+        return part, rows - self.bases[part]
+
+    def term_scorer(self, rows: np.ndarray, docs: list[tantivy.DocAddress]) -> Callable[[str, int], np.ndarray]:
+        """The union's score of a term alone for these docs (float64: within float32 rounding of tantivy's over
+        the union), from the tf that each part's own index gives."""
+        part, offsets = self.split(rows)
+        groups = []
+        part_norm = np.empty(len(rows), np.float64)  # k1 * (1 - b + b * dl / avgdl) with each part's avgdl
+        for p in np.unique(part).tolist():
+            at = np.flatnonzero(part == p)
+            fts = self.parts[p]
+            own = [tantivy.DocAddress(0, docs[i].doc) for i in at.tolist()]
+            groups.append((at, fts, own, fts.term_scorer(offsets[at], own)))
+            part_norm[at] = fts.own_norm[fts.fieldnorm_ids[offsets[at]]]
+        norm = self.own_norm[self.fieldnorm_ids[rows]]
+
+        def scores(term: str, doc_freq: int) -> np.ndarray:
+            observed = np.zeros(len(rows), np.float64)
+            weight = np.ones(len(rows), np.float64)  # where a part lacks the term, observed 0 inverts to tf 0
+            for at, fts, _, scorer in groups:
+                part_df = fts.doc_freq(term)
+                if part_df:
+                    observed[at] = scorer(term, part_df)
+                    weight[at] = idf(fts.num_docs, part_df) * (K1 + 1)
+            tf = _invert_tf(observed[None, :], weight[None, :], part_norm[None, :], observed[None, :] * ROUNDING)[0]
+            for i in np.flatnonzero(tf < 0).tolist():  # float32 cannot tell tf apart (tf in the hundreds)
+                at, fts, own, _ = next(g for g in groups if i in g[0])
+                tf[i] = fts.explained_tf(term, own[int(np.searchsorted(at, i))])
+            return idf(self.num_docs, doc_freq) * (K1 + 1) * tf / (tf + norm)
+
+        return scores
+
+
+def union_text(parts: Sequence[FullTextIndex], cache_dir: str) -> UnionText:
+    """The union of these indexes as a :class:`UnionText` (``union_of``'s directory; raises as it does, and
+    RuntimeError when a part has no norms)."""
+    return UnionText(union_of(parts, cache_dir, ordered=False), parts)
 
 
 def union_of(parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool) -> UnionIndex:

@@ -38,7 +38,7 @@ from superfile.errors import (
 )
 from superfile.expressions import Predicate, parse_predicate
 from superfile.format.fulltext import Candidates, CorpusStats, FullTextIndex, global_top_k, make_analyzer
-from superfile.format.fulltext_union import UnionIndex, union_of
+from superfile.format.fulltext_union import UnionIndex, UnionText, union_of, union_text
 from superfile.format.vector_union import VectorUnion
 from superfile.manifest.model import SuperfileEntry
 from superfile.pools import search_pool, searching
@@ -122,6 +122,8 @@ class _NewestSnapshots:
 
 
 _unions = _NewestSnapshots()  # -> (BM25 union, its superfiles in _id order) or None
+# -> (union of the superfiles without deletes, those superfiles) or None; a cache node keeps a few shares
+_exact_unions = _NewestSnapshots(keep=4)
 _vector_unions = _NewestSnapshots()  # -> (vector union, its superfiles in part order, part by path) or None
 _vector_summaries = _NewestSnapshots()  # -> _Summaries
 
@@ -546,11 +548,49 @@ class Searcher:
         def one(e: SuperfileEntry) -> Candidates | None:
             return self._fulltext(e, column).candidates(terms, k, stats, mode=mode, allow=self._live(e))
 
-        found = [(e, c) for e, c in zip(candidates, self._run(one, candidates), strict=True) if c is not None]
-        top = global_top_k([c for _, c in found], k)
-        return self._result(
-            [_Hits(e, rows, scores) for (e, _), (rows, scores) in zip(found, top, strict=True)], k, True, projection
-        )
+        # the superfiles without deletes in one tantivy search (ranked with the given statistics), the rest one by one
+        exact = self._exact_union(column) if len(candidates) > 1 else None
+        joint_index, members = exact if exact is not None else (None, [])
+        inside = {e.path for e in members}
+        rest = [e for e in candidates if e.path not in inside]
+        found = [(e, c) for e, c in zip(rest, self._run(one, rest), strict=True) if c is not None]
+        self.searched = len(candidates)
+        joint = None
+        if joint_index is not None and len(rest) < len(candidates):
+            joint = joint_index.candidates(terms, k, stats, mode=mode)
+        top = global_top_k([c for _, c in found] + ([joint] if joint is not None else []), k)
+        hits = [_Hits(e, rows, scores) for (e, _), (rows, scores) in zip(found, top[: len(found)], strict=True)]
+        if joint_index is not None and joint is not None:  # the union's rows back to their superfiles
+            rows, scores = top[-1]
+            part, offsets = joint_index.split(rows)
+            for p in np.unique(part).tolist():
+                at = part == p
+                hits.append(_Hits(members[p], offsets[at], scores[at]))
+        return self._result(hits, k, True, projection)
+
+    def _exact_union(self, column: str) -> tuple[UnionText, list[SuperfileEntry]] | None:
+        """One searcher over this snapshot's superfiles that hold the column's index and no deletes, for the
+        table-wide BM25 (``UnionText``): a leaf ranking its share with the root's statistics, or a snapshot with
+        deletes. Built once per snapshot (a leaf's share is one); None for fewer than two such superfiles, past
+        the open-file budget, or if it cannot be built."""
+
+        def build() -> tuple[UnionText, list[SuperfileEntry]] | None:
+            entries = [e for e in self.snap.entries() if e.deletes is None and column in e.text]
+            # it maps its parts' files twice: through the union, and through each part's own index (term scores)
+            if len(entries) < 2 or not _fits_open_files(2 * len(entries) * _SEGMENT_FILES):
+                return None
+            entries.sort(key=lambda e: (e.id_min, e.path))
+            opened = self.snap.each(lambda e: self.snap.open(e).fulltext(column), entries)
+            single = [(e, p) for e, p in zip(entries, opened, strict=True) if p.searcher.num_segments == 1]
+            if len(single) < 2:  # a superfile's index is one segment unless its build outgrew the writer's heap
+                return None
+            return union_text([p for _, p in single], self.snap.files.cache_dir), [e for e, _ in single]
+
+        try:  # None is kept too
+            return _exact_unions.get_or_load(self._table_key(column), self.snap.key, build)
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("full-text union not built, searching the superfiles one by one: %s", exc)
+            return None
 
     def bm25_search(self, column: str, query: str, k: int, mode: str, projection: Sequence[str] | None) -> pa.Table:
         self._fts_column(column)

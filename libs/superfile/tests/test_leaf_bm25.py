@@ -1,0 +1,140 @@
+"""A leaf's BM25 with the root's table-wide statistics: one union search over its share's superfiles without
+deletes (``UnionText``), the rest one by one, gives exactly the per-superfile path's hits (ids, order, scores),
+and the leaves' merged answers are the embedded search's."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import superfile
+from superfile.search.leaf import LeafRequest, run
+from superfile.table.search import Searcher
+from superfile.table.snapshot import Snapshot, open_readers, set_open_budget
+
+CRANFIELD = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield"
+COLUMN = "text"
+ROWS_PER_SUPERFILE = 100
+
+
+@pytest.fixture(scope="module")
+def snapshots() -> tuple[Snapshot, Snapshot]:
+    """Cranfield in 14 superfiles, repeated once (so rows tie), before and after deleting rows of 3 of them."""
+    docs = pq.read_table(CRANFIELD / "docs.parquet").select(["id", "title", "text"])
+    docs = pa.concat_tables([docs, docs.slice(0, 300)])
+    db = superfile.connect(f"memory://leaf-bm25-{os.urandom(6).hex()}")
+    t = db.create_table("docs", docs.schema, fts_columns=["title", "text"])
+    for start in range(0, docs.num_rows, ROWS_PER_SUPERFILE):
+        t.append(docs.slice(start, ROWS_PER_SUPERFILE))
+    before = t.snapshot()
+    t.delete("id <= 300 AND id % 3 = 0")
+    after = t.snapshot()
+    assert sum(e.deletes is not None for e in after.entries()) == 6  # the rows 1-300 are in two copies
+    return before, after
+
+
+@pytest.fixture(scope="module")
+def queries() -> list[str]:
+    return [str(q) for q in pq.read_table(CRANFIELD / "queries.parquet")["text"].to_pylist()]
+
+
+def _leaf(snap: Snapshot, share: list[str], terms: list[str], k: int, mode: str) -> pa.Table:
+    root = Searcher(snap)
+    df, deleted_tokens = root.term_stats(COLUMN, terms)
+    corpus = root.corpus_of(COLUMN, terms, df, deleted_tokens)
+    args = {
+        "column": COLUMN,
+        "terms": terms,
+        "k": k,
+        "mode": mode,
+        "projection": ["id"],
+        "num_docs": corpus.num_docs,
+        "total_tokens": corpus.total_tokens,
+        "df": df,
+    }
+    answer = run(snap, LeafRequest("docs", snap.path, tuple(share), "bm25", args))
+    assert isinstance(answer, pa.Table)
+    return answer
+
+
+def _per_superfile(monkeypatch: pytest.MonkeyPatch, *args: object) -> pa.Table:
+    with monkeypatch.context() as m:
+        m.setattr(Searcher, "_exact_union", lambda self, column: None)
+        return _leaf(*args)  # type: ignore[arg-type]
+
+
+def _ranked(tables: list[pa.Table], k: int) -> pa.Table:
+    """The root's merge: best score first, ties by ``_id``, cut to ``k``."""
+    merged = pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
+    return merged.sort_by([("score", "descending"), ("_id", "ascending")]).slice(0, k)
+
+
+def _same(a: pa.Table, b: pa.Table, exact: bool) -> None:
+    assert a.column("_id").to_pylist() == b.column("_id").to_pylist()
+    assert a.column("id").to_pylist() == b.column("id").to_pylist()
+    sa, sb = a.column("score").to_pylist(), b.column("score").to_pylist()
+    assert sa == sb if exact else sa == pytest.approx(sb, rel=1e-6)
+
+
+@pytest.mark.parametrize("which", ["before deletes", "after deletes"])
+def test_leaf_union_is_the_per_superfile_path_and_the_leaves_are_embedded(
+    snapshots: tuple[Snapshot, Snapshot], queries: list[str], which: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = snapshots[0] if which == "before deletes" else snapshots[1]
+    paths = [e.path for e in snap.entries()]
+    rng = random.Random(16)
+    searcher = Searcher(snap)
+    united = 0
+    for i, text in enumerate(rng.sample(queries, 40)):
+        terms = list(dict.fromkeys(searcher._analyze(COLUMN, text)))
+        mode = "all" if i % 4 == 3 else "any"
+        if mode == "all":
+            terms = terms[:2]
+        k = rng.choice([1, 10, 37])
+        shuffled = rng.sample(paths, len(paths))
+        cuts = sorted(rng.sample(range(1, len(paths)), 2))
+        shares = [shuffled[: cuts[0]], shuffled[cuts[0] : cuts[1]], shuffled[cuts[1] :]]
+        leaves = []
+        for share in shares:
+            got = _leaf(snap, share, terms, k, mode)
+            _same(got, _per_superfile(monkeypatch, snap, share, terms, k, mode), exact=True)
+            united += Searcher(snap.restricted(share), None)._exact_union(COLUMN) is not None
+            leaves.append(got)
+        embedded = Searcher(snap).bm25(COLUMN, terms, k, mode, ["id"])
+        _same(_ranked(leaves, k), embedded, exact=False)
+    assert united > 40  # most shares have two or more superfiles without deletes: the union was searched
+
+
+def test_a_share_past_the_open_file_budget_is_searched_one_by_one(
+    snapshots: tuple[Snapshot, Snapshot], queries: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = snapshots[0]
+    share = [e.path for e in snap.entries()][2:9]
+    limits = open_readers().limits
+    set_open_budget(limits[0], 8)  # fewer files than one superfile's segment maps
+    try:
+        assert Searcher(snap.restricted(share))._exact_union(COLUMN) is None
+        for text in queries[:10]:
+            terms = list(dict.fromkeys(Searcher(snap)._analyze(COLUMN, text)))
+            got = _leaf(snap, share, terms, 10, "any")
+            _same(got, _per_superfile(monkeypatch, snap, share, terms, 10, "any"), exact=True)
+    finally:
+        set_open_budget(*limits)
+
+
+def test_union_rows_split_back_into_their_superfiles(snapshots: tuple[Snapshot, Snapshot]) -> None:
+    snap = snapshots[0]
+    share = snap.restricted([e.path for e in snap.entries()][:4])
+    united = Searcher(share)._exact_union(COLUMN)
+    assert united is not None
+    union, members = united
+    sizes = [e.rows for e in members]
+    rows = np.asarray([0, sizes[0] - 1, sizes[0], sum(sizes) - 1], np.int64)
+    part, offsets = union.split(rows)
+    assert part.tolist() == [0, 0, 1, len(sizes) - 1]
+    assert offsets.tolist() == [0, sizes[0] - 1, 0, sizes[-1] - 1]
