@@ -493,19 +493,21 @@ class FullTextIndex:
 
         Reads all the term's postings when that is cheaper than a query restricted to the docs by ``only()``.
         """
+        if self.reads_postings(doc_freq, len(docs)):
+            return self.posting_scores(term, doc_freq, docs)
         query = tantivy.Query.term_query(self.index.schema, TEXT_FIELD, term)
-        if doc_freq <= _FULL_POSTINGS * len(docs):
-            hits = self.searcher.search(query, doc_freq, count=False).hits
-        else:
-            restricted = tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, only())])
-            hits = self.searcher.search(restricted, len(docs), count=False).hits
-        where = {(d.segment_ord, d.doc): i for i, d in enumerate(docs)}
-        out = np.zeros(len(docs), np.float64)
-        for score, d in hits:
-            i = where.get((d.segment_ord, d.doc))
-            if i is not None:
-                out[i] = score
-        return out
+        restricted = tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, only())])
+        return _scores_of(self.searcher.search(restricted, len(docs), count=False).hits, docs)
+
+    @staticmethod
+    def reads_postings(doc_freq: int, docs: int) -> bool:
+        """Whether reading all of a term's postings is cheaper than a query restricted to ``docs`` rows."""
+        return doc_freq <= _FULL_POSTINGS * docs
+
+    def posting_scores(self, term: str, doc_freq: int, docs: list[tantivy.DocAddress]) -> np.ndarray:
+        """:meth:`term_scores` from all the term's ``doc_freq`` postings."""
+        query = tantivy.Query.term_query(self.index.schema, TEXT_FIELD, term)
+        return _scores_of(self.searcher.search(query, doc_freq, count=False).hits, docs)
 
     def explained_tf(self, term: str, doc: tantivy.DocAddress) -> int:
         """The term's frequency in one doc from tantivy's explanation (slow; for ambiguous inversions)."""
@@ -708,6 +710,17 @@ class _Lengths:
         k_local, k_global = self.local_norm[ids], self.global_norm[ids]
         x = np.clip(local / total_weight, 1 / (1 + k_local), 1.0)
         return np.asarray(k_local / (x * (k_local - k_global) + k_global), np.float64)
+
+
+def _scores_of(hits: list[tuple[float, tantivy.DocAddress]], docs: list[tantivy.DocAddress]) -> np.ndarray:
+    """Each doc's score among ``hits`` (0 where it is not one)."""
+    where = {(d.segment_ord, d.doc): i for i, d in enumerate(docs)}
+    out = np.zeros(len(docs), np.float64)
+    for score, d in hits:
+        i = where.get((d.segment_ord, d.doc))
+        if i is not None:
+            out[i] = score
+    return out
 
 
 def _length_norm(num_docs: int, total_tokens: int) -> np.ndarray:

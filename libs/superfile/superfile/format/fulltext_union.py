@@ -138,8 +138,8 @@ class UnionText(FullTextIndex):
         return part, rows - self.bases[part]
 
     def term_scorer(self, rows: np.ndarray, docs: list[tantivy.DocAddress]) -> Callable[[str, int], np.ndarray]:
-        """The union's score of a term alone for these docs (float64: within float32 rounding of tantivy's over
-        the union), from the tf that each part's own index gives."""
+        """The union's score of a term alone for these docs: tantivy's from the term's postings if it is rare,
+        else from the tf that each part's own index gives (float64: within float32 rounding of tantivy's)."""
         part, offsets = self.split(rows)
         groups = []
         part_norm = np.empty(len(rows), np.float64)  # k1 * (1 - b + b * dl / avgdl) with each part's avgdl
@@ -152,6 +152,8 @@ class UnionText(FullTextIndex):
         norm = self.own_norm[self.fieldnorm_ids[rows]]
 
         def scores(term: str, doc_freq: int) -> np.ndarray:
+            if self.reads_postings(doc_freq, len(docs)):  # a rare term: its postings in one search of the union
+                return self.posting_scores(term, doc_freq, docs)
             observed = np.zeros(len(rows), np.float64)
             weight = np.ones(len(rows), np.float64)  # where a part lacks the term, observed 0 inverts to tf 0
             for at, fts, _, scorer in groups:

@@ -548,8 +548,9 @@ class Searcher:
         def one(e: SuperfileEntry) -> Candidates | None:
             return self._fulltext(e, column).candidates(terms, k, stats, mode=mode, allow=self._live(e))
 
-        # the superfiles without deletes in one tantivy search (ranked with the given statistics), the rest one by one
-        exact = self._exact_union(column) if len(candidates) > 1 else None
+        # a leaf: its share's superfiles without deletes in one tantivy search (ranked with the root's statistics),
+        # the rest one by one
+        exact = self._exact_union(column) if self.corpus is not None and len(candidates) > 1 else None
         joint_index, members = exact if exact is not None else (None, [])
         inside = {e.path for e in members}
         rest = [e for e in candidates if e.path not in inside]
@@ -569,10 +570,9 @@ class Searcher:
         return self._result(hits, k, True, projection)
 
     def _exact_union(self, column: str) -> tuple[UnionText, list[SuperfileEntry]] | None:
-        """One searcher over this snapshot's superfiles that hold the column's index and no deletes, for the
-        table-wide BM25 (``UnionText``): a leaf ranking its share with the root's statistics, or a snapshot with
-        deletes. Built once per snapshot (a leaf's share is one); None for fewer than two such superfiles, past
-        the open-file budget, or if it cannot be built."""
+        """One searcher over this share's superfiles that hold the column's index and no deletes, for a leaf's
+        table-wide BM25 with the root's statistics (``UnionText``). Built once per share (a restricted snapshot);
+        None for fewer than two such superfiles, past the open-file budget, or if it cannot be built."""
 
         def build() -> tuple[UnionText, list[SuperfileEntry]] | None:
             entries = [e for e in self.snap.entries() if e.deletes is None and column in e.text]
