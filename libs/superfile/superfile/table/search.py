@@ -535,11 +535,12 @@ class Searcher:
             self.searched = len(entries)
             hits = [_Hits(entries[i], rows, scores) for i, rows, scores in union.top(terms, k, mode)]
             return self._result(hits, k, True, projection)
-        candidates = self._term_candidates(column, terms, mode)
-        # df counts every superfile holding the term: in mode "all" that is more than those holding them all
-        if self.corpus is not None:
+        if self.corpus is not None:  # a leaf: the root sent only superfiles whose bloom filters may hold the terms
+            candidates = self._entries()
             stats = self.corpus
         else:
+            candidates = self._term_candidates(column, terms, mode)
+            # df counts every superfile holding the term: in mode "all" that is more than those holding them all
             holders = candidates if mode == "any" else self._term_candidates(column, terms, "any")
             stats = self._corpus_stats(column, terms, holders)
         if mode == "all" and min(stats.doc_freq.values(), default=0) == 0:
