@@ -93,6 +93,8 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         app.include_router(router)
     install_pages(app)  # /docs, /redoc and the playground at /
 
+    if gw.query_service is not None:  # searches forwarded ahead of the routing, inside Guard
+        app.add_middleware(forward.ForwardFirst, gw=gw)
     app.add_middleware(
         Guard,
         max_body_bytes=settings.max_body_bytes,

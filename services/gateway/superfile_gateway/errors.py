@@ -12,7 +12,7 @@ from prometheus_client import Counter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from superfile.errors import SuperfileError
 
-__all__ = ["error_response", "install_error_handlers"]
+__all__ = ["error_of", "error_response", "install_error_handlers"]
 
 log = logging.getLogger("superfile.gateway")
 
@@ -21,6 +21,21 @@ def error_response(status: int, type_name: str, message: str) -> JSONResponse:
     # 429 and 503 are worth retrying (a write with its Idempotency-Key): say when
     headers = {"Retry-After": "1"} if status in (429, 503) else None
     return JSONResponse({"error": {"type": type_name, "message": message}}, status_code=status, headers=headers)
+
+
+def error_of(exc: Exception, errors: Counter, where: str) -> JSONResponse:
+    """The answer the handlers below give to an error raised by a route's work (the routes answered ahead of the
+    app, ``ForwardFirst`` and the query root's ``SearchFirst``, answer theirs with it too)."""
+    if isinstance(exc, SuperfileError):
+        name = type(exc).__name__
+        errors.labels(type=name).inc()
+        return error_response(exc.http_status, name, str(exc))
+    if isinstance(exc, RecursionError):
+        errors.labels(type="InvalidInputError").inc()
+        return error_response(400, "InvalidInputError", "the request is nested too deeply to process")
+    errors.labels(type="InternalError").inc()
+    log.error("unhandled error on %s", where, exc_info=exc)
+    return error_response(500, "InternalError", "internal error; see the gateway's log")
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -36,9 +51,7 @@ def install_error_handlers(app: FastAPI, errors: Counter) -> None:
 
     @app.exception_handler(SuperfileError)
     async def superfile_error(request: Request, exc: SuperfileError) -> JSONResponse:
-        name = type(exc).__name__
-        errors.labels(type=name).inc()
-        return error_response(exc.http_status, name, str(exc))
+        return error_of(exc, errors, f"{request.method} {request.url.path}")
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -54,11 +67,8 @@ def install_error_handlers(app: FastAPI, errors: Counter) -> None:
 
     @app.exception_handler(RecursionError)
     async def too_deep(request: Request, exc: RecursionError) -> JSONResponse:
-        errors.labels(type="InvalidInputError").inc()
-        return error_response(400, "InvalidInputError", "the request is nested too deeply to process")
+        return error_of(exc, errors, f"{request.method} {request.url.path}")
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        errors.labels(type="InternalError").inc()
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, "InternalError", "internal error; see the gateway's log")
+        return error_of(exc, errors, f"{request.method} {request.url.path}")

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-__all__ = ["Guard", "InFlight"]
+__all__ = ["Guard", "InFlight", "replay"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -62,7 +62,7 @@ class Guard:
                 if more:
                     status = await self._too_large(send, None)
                     return
-                receive = _replay(body, receive)
+                receive = replay(body, receive)
             await self.app(scope, receive, counted)
         finally:
             self.inflight.count -= 1
@@ -108,7 +108,7 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-def _replay(body: bytes, upstream: Receive) -> Receive:
+def replay(body: bytes, upstream: Receive) -> Receive:
     """The buffered body as one message, then the connection's own messages (its disconnect)."""
     sent = False
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 from superfile.errors import SuperfileError
 from superfile.remote.errors import AuthenticationError
 from superfile.search.fleet import Fleet
@@ -28,8 +28,9 @@ from superfile_gateway.app import Gateway
 from superfile_gateway.app import create_app as create_gateway_app
 from superfile_gateway.auth import Principal
 from superfile_gateway.deps import caller
-from superfile_gateway.errors import error_response
+from superfile_gateway.errors import error_of
 from superfile_gateway.gateway import LATEST
+from superfile_gateway.guard import replay
 from superfile_gateway.models import SEARCH_BODIES
 from superfile_gateway.settings import Settings, parse_api_keys
 from superfile_gateway.strict_json import is_json, loads
@@ -164,7 +165,7 @@ class SearchFirst:
                 raise ValueError("not a JSON body")
             search = KINDS[kind](**SEARCH_BODIES[kind].model_validate(loads(body), from_attributes=True).model_dump())
         except Exception:
-            await self.app(scope, _replay(body, receive), send)  # its answer to what this path does not accept
+            await self.app(scope, replay(body, receive), send)  # its answer to what this path does not accept
             return
         self.gw.inflight.count += 1
         status = 500
@@ -180,16 +181,8 @@ class SearchFirst:
         """``Gateway.search``'s answer, or its error as the app's handlers answer it (errors.py)."""
         try:
             return await self.gw.search(request, who, name, LATEST, None, search)
-        except SuperfileError as exc:
-            self.gw.errors.labels(type=type(exc).__name__).inc()
-            return error_response(exc.http_status, type(exc).__name__, str(exc))
-        except RecursionError:
-            self.gw.errors.labels(type="InvalidInputError").inc()
-            return error_response(400, "InvalidInputError", "the request is nested too deeply to process")
-        except Exception:
-            self.gw.errors.labels(type="InternalError").inc()
-            logging.getLogger("superfile.gateway").exception("unhandled error on POST %s", request.url.path)
-            return error_response(500, "InternalError", "internal error; see the gateway's log")
+        except Exception as exc:
+            return error_of(exc, self.gw.errors, f"POST {request.url.path}")
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The whole body, or None past the body limit (declared or streamed) or when the client went away."""
@@ -209,20 +202,6 @@ class SearchFirst:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
-
-
-def _replay(body: bytes, upstream: Receive) -> Receive:
-    """The body already read, as one message, then the connection's own messages (its disconnect)."""
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await upstream()
-
-    return receive
 
 
 def create_app(settings: Settings) -> SearchFirst:
