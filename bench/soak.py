@@ -399,7 +399,8 @@ def markdown(result: dict[str, Any]) -> str:
     names = sorted({n for rec in minutes for n in rec["rss_mb"]})
     head = ["min", "p50 s", "p95 s", "rows/s", "commits (mean s)", "compaction waits", "load"]
     head += ["versions (retained)", "superfiles", "storage MB (current)"]
-    head += [f"{n} MB" for n in names]
+    head += [f"{n} MB (anon)" for n in names]
+    head += ["deleted files mapped MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def f(x: float | None, fmt: str = ".2f") -> str:
@@ -423,7 +424,12 @@ def markdown(result: dict[str, Any]) -> str:
             str(rec["superfiles"]),
             f"{rec['storage']['bytes'] / _MB:.0f} ({rec['live_superfile_bytes'] / _MB:.0f})",
         ]
-        row += [f(rec["rss_mb"].get(n, {}).get("rss"), ".0f") for n in names]
+        row += [
+            f"{f(rec['rss_mb'].get(n, {}).get('rss'), '.0f')} ({f(rec['rss_mb'].get(n, {}).get('anon'), '.0f')})"
+            for n in names
+        ]
+        mapped = rec.get("deleted_files_mapped_mb", {})
+        row.append(", ".join(f"{n.split()[0]} {mb:.0f}" for n, mb in mapped.items() if mb >= 1) or "0")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -511,6 +517,15 @@ def svg(result: dict[str, Any], path: Path) -> None:
     path.write_text("\n".join(out) + "\n")
 
 
+def _checkout() -> tuple[str, list[str]]:
+    """HEAD and the modified tracked files of the checkout the run imports."""
+
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, check=False).stdout
+
+    return git("rev-parse", "--short", "HEAD").strip(), git("diff", "--name-only", "HEAD").split()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=30)
@@ -525,6 +540,8 @@ def main() -> None:
     if args.minutes <= 0 or args.rate < 10:
         p.error("--minutes must be positive and --rate at least 10")
 
+    # what runs is the checkout as it is now (the servers import it at start), commits and uncommitted files
+    commit, dirty = _checkout()
     workdir = Path(tempfile.mkdtemp(prefix="soak-"))
     # moto keeps objects under this size in memory, others in temporary files: with 256 KB its RSS is the
     # server's own, not the bucket's contents (which the storage columns count), as for S3 itself
@@ -662,9 +679,8 @@ def main() -> None:
                     "moto_key_buffer_bytes": int(os.environ["MOTO_S3_DEFAULT_KEY_BUFFER_SIZE"]),
                     "cache_budget_bytes": args.cache_budget_bytes,
                     "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)",
-                    "commit": subprocess.run(
-                        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
-                    ).stdout.strip(),
+                    "commit": commit,
+                    "uncommitted_at_start": dirty,
                 },
                 "correctness": correctness,
                 "minutes": minutes,
