@@ -101,7 +101,8 @@ def setup(s3: Server) -> Iterator[Setup]:
             Bucket=bucket, Key=f"tables/broken/{missing}"
         )
         assert docs.stats()["superfile_count"] >= 8 and docs.stats()["deleted_rows"] > 0
-        with running_fleet(uri, aws_env(s3)) as fleet:
+        # a killed node keeps its share for the whole of its test (SUPERFILE_MOVE_AFTER_S, docs/query.md)
+        with running_fleet(uri, {**aws_env(s3), "SUPERFILE_MOVE_AFTER_S": "600"}) as fleet:
             assert fleet.gateway is not None
             sdk = superfile.connect(fleet.gateway.url, api_key=API_KEY)
             try:
@@ -483,6 +484,9 @@ def test_cache_node_killed_mid_reads(setup: Setup) -> None:
         finally:
             conn.close()
 
+    others = [n for n in fleet.cache if n is not victim]
+    downloads = {n.url: fleet.stats(n)["downloads"] for n in others}
+    placed = next(m for m in fleet.cluster() if m["url"] == victim.url)["superfiles"]
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(4)]
     for t in threads:
         t.start()
@@ -506,6 +510,9 @@ def test_cache_node_killed_mid_reads(setup: Setup) -> None:
             t.join(timeout=60)
     assert not any(t.is_alive() for t in threads)
     assert not failures, f"{len(failures)} of {done[0]} reads failed:\n" + "\n".join(failures[:10]) + fleet.output()
+    # the victim's share waited for it: the others read it transiently and downloaded nothing
+    assert {n.url: fleet.stats(n)["downloads"] for n in others} == downloads
+    assert next(m for m in fleet.cluster() if m["url"] == victim.url)["superfiles"] == placed
 
     held = {p: _copies(victim_dir)[_copy_name(p)] for p in owned}
     back = fleet.start_node(cache_dir=victim_dir, port=victim.port)

@@ -20,6 +20,7 @@ import pytest
 import superfile
 from superfile.errors import CacheNodeUnavailableError
 from superfile.remote.errors import AuthenticationError
+from superfile.search.fleet import Fleet
 from superfile.telemetry import render
 from superfile_suite import Server, start_cache_node
 from superfile_suite.faults import Faults, FaultyHttpProxy, Request
@@ -196,3 +197,37 @@ def test_a_wrong_token_is_refused_by_the_nodes(root_dir: Path, nodes: list[tuple
             db.open_table("docs").vector_search("emb", [0.0] * (DIM - 1) + [1.0], 3)
     finally:
         db.close()
+
+
+def test_a_failed_node_keeps_its_share_until_move_after(nodes: list[tuple[Server, FaultyHttpProxy]]) -> None:
+    """A node that stops answering its health checks keeps its share for ``move_after_s`` (a restart moves
+    nothing, docs/query.md); its share is placed on the others only after that, and it takes it back when it
+    answers again."""
+    urls = [p.endpoint for _, p in nodes]
+    paths = [f"s/{i}.superfile" for i in range(300)]
+    fleet = Fleet(urls, token=TOKEN, check_s=0.1, move_after_s=1.5)
+    victim = nodes[1][1]
+    try:
+        before = fleet.placement(paths)
+        generation = fleet.generation
+        victim.faults = Faults(refuse=1.0, match=lambda r: True)
+        deadline = time.monotonic() + 10
+        while fleet.generation == generation and time.monotonic() < deadline:  # the health check sees it down
+            time.sleep(0.02)
+        down = {m.url: m.healthy for m in fleet.members()}
+        assert down[victim.endpoint] is False
+        assert fleet.placement(paths) == before  # within move_after_s: nothing moves
+        while fleet.placement(paths) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        moved = fleet.placement(paths)
+        assert victim.endpoint not in moved or not moved[victim.endpoint]
+        for url, share in before.items():  # only its share moves, each to its next node
+            if url != victim.endpoint:
+                assert set(share) <= set(moved[url])
+        victim.faults = Faults(match=_leaf)
+        while fleet.placement(paths) != before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fleet.placement(paths) == before  # back: it owns its share again
+    finally:
+        victim.faults = Faults(match=_leaf)
+        fleet.close()

@@ -5,10 +5,15 @@ service (every address it resolves to is a node), re-read and health-checked
 every ``check_s``. Superfiles are placed by rendezvous hashing over the healthy
 nodes (``placement.py``). A leaf call that gets no answer (refused, reset,
 timed out, any 5xx but a missing superfile) marks its node unhealthy and its
-superfiles go to their next node in rendezvous order; a call slower than the
+superfiles are read by their next node in rendezvous order; a call slower than the
 observed p95 is hedged to the next node and the first answer wins; a node that
 loses three hedges in a row rests from placement for a while (its share moves
-to the next nodes, as for a failed one). Every call
+to the next nodes, as for a failed one). A node that fails or leaves keeps its
+share for ``move_after_s`` (``SUPERFILE_MOVE_AFTER_S``, default 60 s, as
+Elasticsearch delays reallocating a departed node's shards): meanwhile the
+next nodes read its superfiles transiently, keeping no copies, so a restart
+downloads nothing; only past that is its share placed, and warmed, on the
+others. Every call
 of one read shares one deadline. A typed error from a leaf (a bad argument, a
 missing superfile) is the read's answer: it is raised as such, not retried.
 See docs/query.md.
@@ -20,6 +25,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -55,6 +61,7 @@ _ROUNDS = 3  # a share goes round every node at most this often before the read 
 _SLOW_STRIKES = 3  # hedges in a row another node wins before a node rests from placement
 _SLOW_REST_S = 10.0  # how long it rests
 _P95_EVERY_S = 0.1  # how stale the hedging threshold may be
+MOVE_AFTER_S = float(os.environ.get("SUPERFILE_MOVE_AFTER_S", "60"))  # a departed node's share stays this long
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,7 @@ class Fleet:
         deadline_s: float = 30.0,
         check_s: float = 1.0,
         hedge: bool = True,
+        move_after_s: float = MOVE_AFTER_S,
     ) -> None:
         if not nodes and not dns:
             raise InvalidOptionError("a fleet needs cache node URLs or the DNS name of their service")
@@ -124,13 +132,16 @@ class Fleet:
         self.deadline_s = deadline_s
         self.check_s = check_s
         self.hedge = hedge
+        self.move_after_s = move_after_s
         headers = {"accept": f"{ARROW_STREAM}, application/json", "content-type": "application/json"}
         if token:
             headers["authorization"] = f"Bearer {token}"
         self._http = urllib3.PoolManager(num_pools=64, maxsize=16, headers=headers, retries=False)
         self._members: dict[str, Member] = {}
         self._lock = threading.Lock()
-        self.generation = 0  # changes whenever a node joins, leaves, fails or recovers (placement moves)
+        self.generation = 0  # changes whenever a node joins, leaves, fails or recovers (what warming follows)
+        self._away: dict[str, float] = {}  # nodes failed or gone -> since when (monotonic); they keep their share
+        self._placed: tuple[str, ...] = ()  # the nodes superfiles are placed on: the live and the recently away
         self._latencies: deque[float] = deque(maxlen=512)
         self._p95_cached: tuple[float, float] | None = None  # (when, p95)
         self._calls = ThreadPoolExecutor(32, thread_name_prefix="superfile-fanout")
@@ -183,10 +194,20 @@ class Fleet:
         """Re-read the member list and health-check every member (the health thread does this each ``check_s``)."""
         urls = self._resolve()
         health = dict(zip(urls, self._checks.map(self._healthy, urls), strict=True)) if urls else {}
+        now = time.monotonic()
         with self._lock:
             before = {u: m.healthy for u, m in self._members.items()}
             self._members = {u: Member(u, ok) for u, ok in health.items()}
-            if before != health:
+            for url in before.keys() | health.keys():
+                if health.get(url):
+                    self._away.pop(url, None)
+                else:
+                    self._away.setdefault(url, now)
+            for url in [u for u, since in self._away.items() if u not in health and now - since > self.move_after_s]:
+                del self._away[url]  # gone for good (a member still failing keeps its entry: its time stands)
+            placed = tuple(sorted(u for u in health if health[u] or now - self._away[u] <= self.move_after_s))
+            if before != health or placed != self._placed:
+                self._placed = placed
                 self.generation += 1
 
     def _check_loop(self) -> None:
@@ -207,7 +228,8 @@ class Fleet:
         return healthy or [m.url for m in members]
 
     def _resting(self, url: str) -> bool:
-        return self._slow_until.get(url, 0.0) > time.monotonic()
+        """Slow (it lost hedges) or away (failed, its share kept for a while): its share is read by the next node."""
+        return url in self._away or self._slow_until.get(url, 0.0) > time.monotonic()
 
     def _struck(self, url: str, lost: bool) -> None:
         """A hedge against ``url`` was won by another node (``lost``), or ``url`` answered in time. Three lost
@@ -227,11 +249,19 @@ class Fleet:
             member = self._members.get(url)
             if member is not None and member.healthy:
                 member.healthy = False
+                self._away.setdefault(url, time.monotonic())
                 self.generation += 1
 
+    def _owns(self, url: str, path: str) -> bool:
+        with self._lock:
+            placed = list(self._placed)
+        return not placed or rank(path, placed)[0] == url
+
     def placement(self, paths: Sequence[str]) -> dict[str, list[str]]:
-        """Which live node owns each of ``paths`` now."""
-        return assign(paths, self._live())
+        """Which node owns each of ``paths`` now: a live one, or one away for less than ``move_after_s``."""
+        with self._lock:
+            placed = list(self._placed)
+        return assign(paths, placed or self._live())
 
     # -- calls ------------------------------------------------------------------------------
     def _ask(
@@ -322,8 +352,10 @@ class Fleet:
         args_json: str | None = None,
     ) -> list[Any]:
         """The answers for ``paths`` from ``url``, or (when it gives none) from the next nodes in their order
-        (:meth:`_next`)."""
-        request = LeafRequest(snap.files.name, snap.path, tuple(paths), op, args)
+        (:meth:`_next`). A node that does not own them (their owner failed) reads them transiently."""
+        request = LeafRequest(
+            snap.files.name, snap.path, tuple(paths), op, args, transient=not self._owns(url, paths[0])
+        )
         others = [u for u in self._live() if u not in tried]
         backup = rank(paths[0], others)[0] if others else None
         try:
@@ -471,7 +503,7 @@ class Fleet:
         """Ask each live node to fetch the superfiles of ``snap`` it owns (warm on commit); the superfiles."""
         sizes = {e.path: e.size for e in snap.entries()}
         for url, share in self.placement(list(sizes)).items():
-            if not share:
+            if not share or url in self._away:  # an away node's share waits for it (or for move_after_s)
                 continue
             body = {"table": snap.files.name, "superfiles": [[p, sizes[p]] for p in share]}
             try:
