@@ -53,7 +53,7 @@ from superfile.search.request import (
     VectorSearch,
 )
 from superfile.table.exact import ExactText, analysed, nearest
-from superfile.table.snapshot import Snapshot, open_readers
+from superfile.table.snapshot import Snapshot, on_release, open_readers
 
 __all__ = [
     "HYBRID_DEPTH",
@@ -62,7 +62,6 @@ __all__ = [
     "RRF_K",
     "Searcher",
     "check_row_limit",
-    "release_snapshots",
     "rrf_fuse",
     "top_terms",
 ]
@@ -82,7 +81,7 @@ class _NewestSnapshots:
     union maps every segment file and copies every superfile's IVF lists, so the soak's gateway (a commit a
     second) mapped segment files up to 17 times and grew by ~1 GB of copies (BENCHMARKS.md, "Soak")."""
 
-    every: ClassVar[list[_NewestSnapshots]] = []  # what :func:`release_snapshots` goes through
+    every: ClassVar[list[_NewestSnapshots]] = []  # what :func:`_release_snapshots` goes through
 
     def __init__(self, keep: int = 2, tables: int = 64) -> None:
         self._items = LRU(keep * tables)
@@ -128,11 +127,14 @@ _vector_unions = _NewestSnapshots()  # -> (vector union, its superfiles in part 
 _vector_summaries = _NewestSnapshots()  # -> _Summaries
 
 
-def release_snapshots(uri: str, keep: Callable[[str], bool]) -> None:
+def _release_snapshots(uri: str, keep: Callable[[str], bool]) -> None:
     """Drop the search state (unions, summaries) of table ``uri``'s snapshots whose key ``keep`` rejects: those
     that name superfiles no live snapshot does (``TableFiles.release``), whose indexes it holds open."""
     for cache in _NewestSnapshots.every:
         cache.release(uri, keep)
+
+
+on_release(_release_snapshots)
 
 
 def _is_ascending(ids: np.ndarray) -> bool:

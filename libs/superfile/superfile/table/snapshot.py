@@ -35,7 +35,16 @@ from superfile.table import exact
 from superfile.table.columns import FileColumns
 from superfile.table.index_filter import candidate_rows, text_pruner
 
-__all__ = ["INDEXED_FRACTION", "Fanout", "Snapshot", "TableFiles", "offsets_of", "open_readers", "set_open_budget"]
+__all__ = [
+    "INDEXED_FRACTION",
+    "Fanout",
+    "Snapshot",
+    "TableFiles",
+    "offsets_of",
+    "on_release",
+    "open_readers",
+    "set_open_budget",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -150,6 +159,16 @@ def _read_columns(reader: FileColumns, names: list[str], rows: np.ndarray | None
     return table if ids is None else table.add_column(0, pa.field(ID, pa.uint64(), nullable=False), ids)
 
 
+_snapshot_state: list[Callable[[str, Callable[[str], bool]], None]] = []
+
+
+def on_release(drop: Callable[[str, Callable[[str], bool]], None]) -> None:
+    """Register ``drop(uri, keep)``, which drops per-snapshot state a module built on this one keeps (the
+    searcher's unions) for table ``uri``'s snapshot keys that ``keep`` rejects; :class:`TableFiles` calls it
+    when it releases superfiles (this module cannot import its users)."""
+    _snapshot_state.append(drop)
+
+
 @dataclass(frozen=True)
 class _Pin:
     """A version :meth:`TableFiles.pinned` keeps live (its manifest names its superfiles)."""
@@ -248,10 +267,9 @@ class TableFiles:
         """Drop the search state of the snapshots not of ``snapshots`` (manifest paths), and the readers,
         analyses and disk-cache copies of the superfiles ``gone``. Dropping never closes: whoever still holds a
         reader or an index keeps a working one (a mapping lives until its last holder lets go)."""
-        from superfile.table.search import release_snapshots  # search builds on this module
-
         uri = self.storage.uri
-        release_snapshots(uri, lambda key: key.split("#", 1)[0] in snapshots)
+        for drop in _snapshot_state:
+            drop(uri, lambda key: key.split("#", 1)[0] in snapshots)
         if not gone:
             return
         exact.release(uri, lambda path: path not in gone)
