@@ -47,16 +47,21 @@ from superfile.format import archive
 from superfile.format.tantivy_files import FIELDNORMS, field_norms, live_files
 
 __all__ = [
+    "K1",
+    "ROUNDING",
     "TOKENIZERS",
+    "B",
     "Candidates",
     "CorpusStats",
     "FullTextBlob",
     "FullTextIndex",
+    "Norms",
     "analyzer_name",
     "build_fulltext",
     "corpus_df",
     "global_top_k",
     "idf",
+    "invert_tf",
     "make_analyzer",
     "value_hash",
 ]
@@ -73,9 +78,9 @@ _MODES = {"any": False, "or": False, "all": True, "and": True}  # value: every t
 _NORMS_FILE = "superfile-norms"  # our own entry in the packed archive; never extracted next to tantivy's files
 _NORMS_HEAD = struct.Struct("<8sQQ")  # magic, row count, exact token total; then one u8 fieldnorm id per row
 _NORMS_MAGIC = b"SFNORMS1"
-_K1, _B = 1.2, 0.75  # tantivy's BM25 constants
+K1, B = 1.2, 0.75  # tantivy's BM25 constants
 _SLACK = 1e-4  # relative margin on every score bound: covers tantivy's float32 arithmetic many times over
-_ROUNDING = 2.0**-20  # relative error bound of a tantivy score as we recompute it (float32: 2^-24 per operation)
+ROUNDING = 2.0**-20  # relative error bound of a tantivy score as we recompute it (float32: 2^-24 per operation)
 _FIRST_EXTRA = 32  # candidates reads k + this many hits first, then 4x as many per round
 _ROW_DISJUNCTION = 512  # up to this many rows, a row filter is a union of _row terms, else a term set
 _FULL_POSTINGS = 6  # a term's scores come from all its postings if df <= this * candidates (else restricted)
@@ -143,7 +148,7 @@ class FullTextBlob:
 
 
 @dataclass(frozen=True)
-class _Norms:
+class Norms:
     """What exact BM25 needs besides tf: each row's fieldnorm id and the exact token total."""
 
     ids: np.ndarray  # uint8, one per row offset
@@ -153,7 +158,7 @@ class _Norms:
         return _NORMS_HEAD.pack(_NORMS_MAGIC, len(self.ids), self.total_tokens) + self.ids.tobytes()
 
     @classmethod
-    def parse(cls, buf: memoryview) -> _Norms:
+    def parse(cls, buf: memoryview) -> Norms:
         """Inverse of :meth:`pack` (zero-copy); raises ValueError on a malformed entry."""
         if len(buf) < _NORMS_HEAD.size:
             raise ValueError("norms entry too short")
@@ -167,7 +172,7 @@ class _Norms:
         return int(FIELDNORMS[int(self.ids.max())]) if len(self.ids) else 0
 
 
-def _decode_norms(directory: str, searcher: tantivy.Searcher) -> _Norms:
+def _decode_norms(directory: str, searcher: tantivy.Searcher) -> Norms:
     """Fieldnorm id per row and the exact token total, read from tantivy's files (see
     :func:`~superfile.format.tantivy_files.field_norms`). Segment documents map to rows through the ``_row``
     fast field. Raises ValueError if the files are not laid out as expected.
@@ -179,10 +184,10 @@ def _decode_norms(directory: str, searcher: tantivy.Searcher) -> _Norms:
         docs = [tantivy.DocAddress(ordinal, d) for d in range(segment.max_doc)]
         rows = np.asarray(searcher.fast_field_values(ROW_FIELD, docs), np.int64)
         ids[rows] = np.frombuffer(segment.fieldnorms, np.uint8)
-    return _Norms(ids, total)
+    return Norms(ids, total)
 
 
-def _check_norms(index: FullTextIndex, norms: _Norms) -> None:
+def _check_norms(index: FullTextIndex, norms: Norms) -> None:
     """Compare decoded norms with tantivy's own BM25 explanation of a few hits (dl and avgdl)."""
     quantised = int(FIELDNORMS[norms.ids.astype(np.int64)].sum())
     if len(norms.ids) != index.num_docs or quantised > norms.total_tokens:
@@ -255,7 +260,7 @@ class FullTextIndex:
     """
 
     def __init__(
-        self, index: tantivy.Index, tokenizer: str, *, norms: _Norms | None = None, directory: str | None = None
+        self, index: tantivy.Index, tokenizer: str, *, norms: Norms | None = None, directory: str | None = None
     ) -> None:
         """``norms`` (from the blob) or ``directory`` (where the index's files are, to decode them on
         first use) enable :meth:`candidates` and an exact :attr:`total_tokens`."""
@@ -290,7 +295,7 @@ class FullTextIndex:
         try:
             for name, start, size in files:
                 if name == _NORMS_FILE:
-                    norms = _Norms.parse(blob[start : start + size])
+                    norms = Norms.parse(blob[start : start + size])
             return cls(tantivy.Index.open(path), tokenizer, norms=norms, directory=path)
         except (ValueError, OSError) as e:
             raise CorruptSuperfileError(source, f"full-text index at {path} does not open: {e}") from None
@@ -340,7 +345,7 @@ class FullTextIndex:
                 self._length_cache[key] = found
         return found
 
-    def _norm_data(self) -> _Norms:
+    def _norm_data(self) -> Norms:
         if self._norms is None:
             if self._directory is None:
                 raise RuntimeError("this FullTextIndex was opened without its norms (use from_blob)")
@@ -689,7 +694,7 @@ class _Lengths:
     present: np.ndarray  # the fieldnorm ids that occur in the file
 
     @classmethod
-    def make(cls, num_docs: int, norms: _Norms, n_glob: int, tokens_glob: int) -> _Lengths:
+    def make(cls, num_docs: int, norms: Norms, n_glob: int, tokens_glob: int) -> _Lengths:
         local_norm = _length_norm(num_docs, norms.total_tokens)
         global_norm = _length_norm(n_glob, tokens_glob)
         return cls(local_norm, global_norm, np.flatnonzero(np.bincount(norms.ids, minlength=256)))
@@ -725,7 +730,7 @@ def _scores_of(hits: list[tuple[float, tantivy.DocAddress]], docs: list[tantivy.
 
 def _length_norm(num_docs: int, total_tokens: int) -> np.ndarray:
     """k1 * (1 - b + b * dl / avgdl) for every fieldnorm id's dl, avgdl = total_tokens / num_docs."""
-    return np.asarray(_K1 * (1 - _B + _B * FIELDNORMS.astype(np.float64) * num_docs / total_tokens), np.float64)
+    return np.asarray(K1 * (1 - B + B * FIELDNORMS.astype(np.float64) * num_docs / total_tokens), np.float64)
 
 
 @dataclass
@@ -786,8 +791,8 @@ class _GlobalPlan:
             scored.append(t)
             freqs.append(df)
             boosts.append(w * idf_glob / idf_local)
-            gw.append(w * idf_glob * (_K1 + 1))
-            lw.append(idf_local * (_K1 + 1))
+            gw.append(w * idf_glob * (K1 + 1))
+            lw.append(idf_local * (K1 + 1))
             clauses.append((occur, tantivy.Query.boost_query(q, boosts[-1])))
         if not scored:
             return None
@@ -831,12 +836,12 @@ class _GlobalPlan:
         for j, term in enumerate(self.terms):
             if j != skip:
                 observed[j] = scores_of(term, self.doc_freqs[j])
-                error[j] = observed[j] * _ROUNDING
+                error[j] = observed[j] * ROUNDING
         rest = local - self.boosts @ observed  # the skipped term's row of observed is still 0
         observed[skip] = np.maximum(rest, 0.0) / self.boosts[skip]
-        error[skip] = (n_terms + 1) * _ROUNDING * local / self.boosts[skip]
+        error[skip] = (n_terms + 1) * ROUNDING * local / self.boosts[skip]
         ids = self.ids[rows]
-        tf = _invert_tf(observed, self.local_weights[:, None], self.lengths.local_norm[ids][None, :], error)
+        tf = invert_tf(observed, self.local_weights[:, None], self.lengths.local_norm[ids][None, :], error)
         for j, i in zip(*np.nonzero(tf < 0), strict=True):  # float32 cannot tell tf apart (tf in the hundreds)
             tf[j, i] = self.index.explained_tf(self.terms[j], docs[i])
         part = self.global_weights[:, None] * tf / (tf + self.lengths.global_norm[ids][None, :])
@@ -856,7 +861,7 @@ def corpus_df(stats: CorpusStats, term: str, n: int) -> int:
     return df
 
 
-def _invert_tf(score: np.ndarray, weight: np.ndarray, norm: np.ndarray, error: np.ndarray) -> np.ndarray:
+def invert_tf(score: np.ndarray, weight: np.ndarray, norm: np.ndarray, error: np.ndarray) -> np.ndarray:
     """Term frequencies from one-term scores ``weight * tf / (tf + norm)`` known within +-``error``.
 
     tf = s * norm / (weight - s), rounded; -1 where the error could reach

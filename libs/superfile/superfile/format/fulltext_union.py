@@ -47,16 +47,16 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tantivy
 
-from superfile.format.fulltext import _K1 as K1
-from superfile.format.fulltext import _ROUNDING as ROUNDING
 from superfile.format.fulltext import (
+    K1,
+    ROUNDING,
     ROW_FIELD,
     TEXT_FIELD,
     FullTextIndex,
-    _invert_tf,
-    _Norms,
+    Norms,
     analyzer_name,
     idf,
+    invert_tf,
     make_analyzer,
 )
 from superfile.format.tantivy_files import read_meta, segment_files
@@ -120,7 +120,7 @@ class UnionText(FullTextIndex):
         """``parts``: one segment each (a part's docs are then ``DocAddress(0, doc)`` in its own index)."""
         if any(p.searcher.num_segments != 1 for p in parts):
             raise ValueError("a union's parts for the table-wide BM25 have one segment each")
-        norms = _Norms(np.concatenate([p.fieldnorm_ids for p in parts]), sum(p.total_tokens for p in parts))
+        norms = Norms(np.concatenate([p.fieldnorm_ids for p in parts]), sum(p.total_tokens for p in parts))
         super().__init__(union.index, parts[0].tokenizer, norms=norms)  # checks the rows add up
         sizes = np.asarray([p.num_docs for p in parts], np.int64)
         self.bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -161,7 +161,7 @@ class UnionText(FullTextIndex):
                 if part_df:
                     observed[at] = scorer(term, part_df)
                     weight[at] = idf(fts.num_docs, part_df) * (K1 + 1)
-            tf = _invert_tf(observed[None, :], weight[None, :], part_norm[None, :], observed[None, :] * ROUNDING)[0]
+            tf = invert_tf(observed[None, :], weight[None, :], part_norm[None, :], observed[None, :] * ROUNDING)[0]
             for i in np.flatnonzero(tf < 0).tolist():  # float32 cannot tell tf apart (tf in the hundreds)
                 at, fts, own, _ = next(g for g in groups if i in g[0])
                 tf[i] = fts.explained_tf(term, own[int(np.searchsorted(at, i))])

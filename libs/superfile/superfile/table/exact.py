@@ -34,13 +34,12 @@ import pyroaring
 
 from superfile._lru import BudgetLRU
 from superfile.errors import InvalidOptionError
-from superfile.format.fulltext import Candidates, CorpusStats, corpus_df, idf, make_analyzer
+from superfile.format.fulltext import K1, B, Candidates, CorpusStats, corpus_df, idf, make_analyzer
 from superfile.format.tantivy_files import FIELDNORMS
 from superfile.format.vector_index import exact_distances
 
 __all__ = ["ANALYSED_BYTES", "ExactCandidates", "ExactText", "analysed", "nearest", "release"]
 
-_K1, _B = 1.2, 0.75  # tantivy's BM25 constants, as format/fulltext.py uses them
 _MODES = {"any": False, "or": False, "all": True, "and": True}
 
 ANALYSED_BYTES = 512 << 20
@@ -135,7 +134,7 @@ class ExactText:
         n_glob, tokens_glob = int(stats.num_docs), int(stats.total_tokens)
         if k <= 0 or not uniq or self.num_docs == 0 or n_glob <= 0 or tokens_glob <= 0:
             return None
-        norm = _K1 * (1 - _B + _B * self._lengths * n_glob / tokens_glob)
+        norm = K1 * (1 - B + B * self._lengths * n_glob / tokens_glob)
         score = np.zeros(self.num_docs, np.float64)
         hits = np.zeros(self.num_docs, np.int64)
         scored = 0
@@ -151,7 +150,7 @@ class ExactText:
                     return None
                 continue
             rows, tf = found
-            weight = idf(n_glob, df_glob) * (_K1 + 1)
+            weight = idf(n_glob, df_glob) * (K1 + 1)
             score[rows] += weight * tf / (tf + norm[rows])
             hits[rows] += 1
             scored += 1
