@@ -19,7 +19,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -315,6 +315,19 @@ class ManifestStore:
         if fetched:
             self.parts_fetched += 1
         return entries
+
+    def release_parts(self, paths: Collection[str]) -> None:
+        """Drop the decoded entries of the parts ``paths`` (under every schema): parts no kept version names
+        (``TableFiles.pinned``). Every small commit rewrites its open part under a new name, so without this a
+        long-running reader held one decoded part per version it read, up to the cache's count. A snapshot that
+        still names one (time travel) reads it again on its next use."""
+        if paths:
+            self._parts.discard(lambda key: key.rsplit("#", 1)[0] not in paths)
+
+    def release_deletes(self, paths: Collection[str]) -> None:
+        """Drop the deletion vectors ``paths`` (those no kept version names), as :meth:`release_parts`."""
+        if paths:
+            self._deletes.discard(lambda path: path not in paths)
 
     def _entry_json(self, entry: SuperfileEntry, schema: pa.Schema, sid: int) -> str:
         key = (id(entry), sid)

@@ -222,7 +222,8 @@ class TableFiles:
     def pinned(self, snapshot: Snapshot) -> None:
         """Note a snapshot being made; one of a version newer than any before releases what this process holds
         of the superfiles the version it pushes out of the two newest named and neither of them names
-        (:meth:`release`), and the search state of every other snapshot.
+        (:meth:`release`), the decoded manifest parts and deletion vectors only it named, and the search state of
+        every other snapshot.
 
         Two versions, not one: a search that pinned the previous version just before the commit is still
         reading its superfiles. Any older snapshot (a time-travel handle, a long search) still works: a released
@@ -234,7 +235,11 @@ class TableFiles:
                 return
             out = self._recent[0] if len(self._recent) == 2 else None
             self._recent = (*self._recent[-1:], _Pin(snapshot.version, snapshot.path, snapshot.manifest))
-            gone = self._unnamed(out, self._recent) if out is not None else set()
+            gone: set[str] = set()
+            if out is not None:
+                gone, parts, deletes = self._unnamed(out, self._recent)
+                self.manifests.release_parts(parts)
+                self.manifests.release_deletes(deletes)
             self._release(gone, {p.path for p in self._recent})
 
     def release(self, paths: Collection[str]) -> None:
@@ -248,17 +253,24 @@ class TableFiles:
             for path in gone:
                 self.disk_cache.discard(self.storage, path)
 
-    def _unnamed(self, out: _Pin, kept: Sequence[_Pin]) -> set[str]:
-        """The superfiles ``out`` names and none of ``kept`` does, read only from the parts they do not share."""
+    def _unnamed(self, out: _Pin, kept: Sequence[_Pin]) -> tuple[set[str], set[str], set[str]]:
+        """What ``out`` names and none of ``kept`` does: its superfiles, its manifest parts and its deletion
+        vectors, read only from the parts they do not share."""
         shared = {part.path for pin in kept for part in pin.manifest.parts}
-        gone = {e.path for part in out.manifest.parts if part.path not in shared for e in self._entries(out, part)}
-        if gone:
+        parts = {part.path for part in out.manifest.parts if part.path not in shared}
+        entries = [e for part in out.manifest.parts if part.path in parts for e in self._entries(out, part)]
+        gone = {e.path for e in entries}
+        deletes = {e.deletes.path for e in entries if e.deletes is not None}
+        if gone or deletes:
             old = {part.path for part in out.manifest.parts}
             for pin in kept:
                 for part in pin.manifest.parts:
                     if part.path not in old:
-                        gone.difference_update(e.path for e in self._entries(pin, part))
-        return gone
+                        for e in self._entries(pin, part):
+                            gone.discard(e.path)
+                            if e.deletes is not None:
+                                deletes.discard(e.deletes.path)
+        return gone, parts, deletes
 
     def _entries(self, pin: _Pin, part: PartRef) -> list[SuperfileEntry]:
         return self.manifests.load_part(part, pin.manifest.schema)
