@@ -1,11 +1,13 @@
-"""A long-running process holds the decoded manifest parts and deletion vectors of the table's two kept versions
-only (``TableFiles.pinned``), not one per version it read: every small commit rewrites the open part under a new
-name, and a reader that cached each one grew with the table's history (BENCHMARKS.md, "Soak"). A handle on an
-older version still reads its parts, fetched again.
+"""A long-running process holds the decoded manifest parts of the table's newest versions only (the two kept and
+the snapshots still alive, ``TableFiles.pinned``), not one per version it read: every small commit rewrites the
+open part under a new name, and a reader that cached each one grew with the table's history (BENCHMARKS.md,
+"Soak"). A writer keeps no part of a version it only rebased on. A handle on an older version keeps its parts while
+it lives.
 """
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import numpy as np
@@ -55,34 +57,52 @@ def test_long_running_reader_caches_recent_versions_only(tmp_path: Path) -> None
     )
     reader = superfile.connect(uri).open_table("t")  # its own catalog: its own manifest store, as another process
     assert reader.files is not writer.files
-    kept: list[Snapshot] = []
     for i in range(COMMITS):
         writer.append(_batch(i * 20))
         if i % 10 == 9:
             writer.delete(f"key = {i * 20}")  # a deletion vector, replaced by the next delete
-        kept = [*kept[-1:], reader.snapshot()]
-        assert kept[-1].version == writer.version
         assert reader.bm25_search("title", "wing", k=3).num_rows == 3
         assert reader.count_rows() == (i + 1) * 20 - (i + 1) // 10
-    parts, deletes = _named(kept)
-    assert len(parts) < 10 < COMMITS
-    assert _cached_parts(reader) <= parts
-    assert _cached_deletes(reader) <= deletes
-    writer_kept = [writer.checkout(writer.version - 1).snapshot(), writer.snapshot()]
-    parts, deletes = _named(writer_kept)
-    assert _cached_parts(writer) <= parts
-    assert _cached_deletes(writer) <= deletes
+        assert reader.version == writer.version
+    for t in (reader, writer):
+        parts, deletes = _cached_parts(t), _cached_deletes(t)
+        # the two kept versions, and the one before them: a snapshot of it (the search state's) was still alive
+        # when the newest version was pinned
+        named_parts, named_deletes = _named([t.checkout(t.version - n).snapshot() for n in (2, 1, 0)])
+        assert len(named_parts) < 10 < COMMITS
+        assert parts <= named_parts, t
+        assert deletes <= named_deletes, t
 
 
-def test_older_version_reads_released_parts_again(tmp_path: Path) -> None:
+def test_live_snapshot_keeps_its_parts_until_dropped(tmp_path: Path) -> None:
     uri = (tmp_path / "db").as_uri()
     t = superfile.connect(uri).create_table("t", SCHEMA)
     t.append(_batch(0))
     old = t.checkout(t.version)
+    old_parts = {p.path for p in old.snapshot().manifest.parts}
     for i in range(1, 10):
         t.append(_batch(i * 20))
-    old_parts = {p.path for p in old.snapshot().manifest.parts}
-    assert not old_parts & _cached_parts(t)  # released: no kept version names them
+    assert old_parts <= _cached_parts(t)  # a live snapshot names them
     assert old.count_rows() == 20
     assert old.to_arrow().column("key").to_pylist() == list(range(20))
-    assert t.count_rows() == 200
+    del old
+    gc.collect()
+    t.append(_batch(200))
+    t.append(_batch(220))
+    assert not old_parts & _cached_parts(t)
+    assert t.count_rows() == 240
+
+
+def test_parts_of_lost_races_are_not_kept(tmp_path: Path) -> None:
+    """Two writers in two catalogs append in turn: each rebases on the other's versions, which it never makes a
+    snapshot of, and loses some races; neither keeps the parts of those versions."""
+    uri = (tmp_path / "db").as_uri()
+    a = superfile.connect(uri).create_table("t", SCHEMA)
+    b = superfile.connect(uri).open_table("t")
+    for i in range(30):
+        (a if i % 2 else b).append(_batch(i * 20))
+    for t in (a, b):
+        t.count_rows()  # a snapshot of the newest version
+        named = {p.path for pin in t.files._recent for p in pin.manifest.parts}
+        assert len(_cached_parts(t) - named) <= 2, t  # at most a part of its own last commit's attempts
+    assert a.count_rows() == 600

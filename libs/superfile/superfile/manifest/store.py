@@ -316,13 +316,13 @@ class ManifestStore:
             self.parts_fetched += 1
         return entries
 
-    def release_parts(self, paths: Collection[str]) -> None:
-        """Drop the decoded entries of the parts ``paths`` (under every schema): parts no kept version names
-        (``TableFiles.pinned``). Every small commit rewrites its open part under a new name, so without this a
-        long-running reader held one decoded part per version it read, up to the cache's count. A snapshot that
-        still names one (time travel) reads it again on its next use."""
-        if paths:
-            self._parts.discard(lambda key: key.rsplit("#", 1)[0] not in paths)
+    def retain_parts(self, named: Collection[str]) -> None:
+        """Drop the decoded entries of every part not in ``named`` (under every schema): the parts a table's
+        kept versions and live snapshots name (``TableFiles.pinned``). Every small commit rewrites the open part
+        under a new name, so without this a long-running reader held one decoded part per version it read, up
+        to the cache's count, and a writer also each part of an attempt that lost its race and of a version it
+        rebased on. A snapshot released since reads its parts again if it is used again."""
+        self._parts.discard(lambda key: key.rsplit("#", 1)[0] in named)
 
     def release_deletes(self, paths: Collection[str]) -> None:
         """Drop the deletion vectors ``paths`` (those no kept version names), as :meth:`release_parts`."""

@@ -218,12 +218,14 @@ class TableFiles:
         weakref.finalize(self, _gone.add, self._owner)
         self._pins = threading.Lock()
         self._recent: tuple[_Pin, ...] = ()  # the two newest versions pinned, newest last (see :meth:`pinned`)
+        # the snapshots alive, by id (a snapshot is not hashable): their parts stay decoded (see :meth:`pinned`)
+        self._live: weakref.WeakValueDictionary[int, Snapshot] = weakref.WeakValueDictionary()
 
     def pinned(self, snapshot: Snapshot) -> None:
         """Note a snapshot being made; one of a version newer than any before releases what this process holds
         of the superfiles the version it pushes out of the two newest named and neither of them names
-        (:meth:`release`), the decoded manifest parts and deletion vectors only it named, and the search state of
-        every other snapshot.
+        (:meth:`release`), the deletion vectors only it named, the decoded manifest parts no kept version and no
+        live snapshot names, and the search state of every other snapshot.
 
         Two versions, not one: a search that pinned the previous version just before the commit is still
         reading its superfiles. Any older snapshot (a time-travel handle, a long search) still works: a released
@@ -231,14 +233,16 @@ class TableFiles:
         readers are left to the budget, and to an optimize or cleanup naming them). Commits that remove no
         superfile change few manifest parts: comparing parts first, they cost no listing of superfiles."""
         with self._pins:
+            self._live[id(snapshot)] = snapshot
             if self._recent and snapshot.version <= self._recent[-1].version:
                 return
             out = self._recent[0] if len(self._recent) == 2 else None
             self._recent = (*self._recent[-1:], _Pin(snapshot.version, snapshot.path, snapshot.manifest))
             gone: set[str] = set()
             if out is not None:
-                gone, parts, deletes = self._unnamed(out, self._recent)
-                self.manifests.release_parts(parts)
+                gone, deletes = self._unnamed(out, self._recent)
+                manifests = [pin.manifest for pin in self._recent] + [s.manifest for s in list(self._live.values())]
+                self.manifests.retain_parts({part.path for m in manifests for part in m.parts})
                 self.manifests.release_deletes(deletes)
             self._release(gone, {p.path for p in self._recent})
 
@@ -253,12 +257,11 @@ class TableFiles:
             for path in gone:
                 self.disk_cache.discard(self.storage, path)
 
-    def _unnamed(self, out: _Pin, kept: Sequence[_Pin]) -> tuple[set[str], set[str], set[str]]:
-        """What ``out`` names and none of ``kept`` does: its superfiles, its manifest parts and its deletion
-        vectors, read only from the parts they do not share."""
+    def _unnamed(self, out: _Pin, kept: Sequence[_Pin]) -> tuple[set[str], set[str]]:
+        """What ``out`` names and none of ``kept`` does: its superfiles and its deletion vectors, read only from
+        the parts they do not share."""
         shared = {part.path for pin in kept for part in pin.manifest.parts}
-        parts = {part.path for part in out.manifest.parts if part.path not in shared}
-        entries = [e for part in out.manifest.parts if part.path in parts for e in self._entries(out, part)]
+        entries = [e for part in out.manifest.parts if part.path not in shared for e in self._entries(out, part)]
         gone = {e.path for e in entries}
         deletes = {e.deletes.path for e in entries if e.deletes is not None}
         if gone or deletes:
@@ -270,7 +273,7 @@ class TableFiles:
                             gone.discard(e.path)
                             if e.deletes is not None:
                                 deletes.discard(e.deletes.path)
-        return gone, parts, deletes
+        return gone, deletes
 
     def _entries(self, pin: _Pin, part: PartRef) -> list[SuperfileEntry]:
         return self.manifests.load_part(part, pin.manifest.schema)
