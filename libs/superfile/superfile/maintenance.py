@@ -188,7 +188,11 @@ def _run(
     table = TableRoot(uri, **connect_options).open(table_name)
     if not policy.due(table.last_snapshot.entries(), table.options.max_rows_per_superfile):
         return None
-    return optimize(table, policy.target_rows, select=policy.select, parallel=False)
+    result = optimize(table, policy.target_rows, select=policy.select, parallel=False)
+    cache = table.files.disk_cache
+    if cache is not None:  # what the run read from object storage into its disk cache (its inputs)
+        result["bytes_downloaded"] = cache.fetched_bytes
+    return result
 
 
 @dataclass(frozen=True)

@@ -268,13 +268,15 @@ def test_compaction_process_reads_s3_superfiles_through_the_given_cache(
         table.append(rows([f"a{i}"]))
     args = parse_args(["--storage", s3_uri, "--kafka", "k:1", "--redis", "redis://r", "--cache-dir", str(tmp_path)])
     options = {"cache_dir": args.cache_dir, "cache_budget_bytes": args.cache_budget_bytes}
+    inputs = sum(e.size for e in table.snapshot().entries())
     compactor = Compactor(s3_uri, CompactionPolicy(2), options)
     try:
         result = compactor.run(table_name)
         assert result is not None and result["superfiles_removed"] == 4, result
     finally:
         compactor.close()
-    assert len(list((tmp_path / "superfiles").iterdir())) == 4  # the copies the process read
+    assert result["bytes_downloaded"] == inputs  # it read the four through copies in the given directory
+    assert not list((tmp_path / "superfiles").iterdir())  # released once the compaction replaced them
     with pytest.raises(SystemExit):
         parse_args(["--storage", s3_uri, "--kafka", "k:1", "--redis", "redis://r", "--cache-budget-bytes", "-1"])
 
