@@ -231,3 +231,30 @@ def test_a_failed_node_keeps_its_share_until_move_after(nodes: list[tuple[Server
     finally:
         victim.faults = Faults(match=_leaf)
         fleet.close()
+
+
+def test_a_node_no_longer_listed_keeps_its_share_until_move_after(
+    nodes: list[tuple[Server, FaultyHttpProxy]],
+) -> None:
+    """A node that drops out of the member list (a restarting pod leaves its headless Service until it is ready
+    again) keeps its share for ``move_after_s`` like a failed one, then loses it."""
+    urls = [p.endpoint for _, p in nodes]
+    paths = [f"s/{i}.superfile" for i in range(300)]
+    fleet = Fleet(urls, token=TOKEN, check_s=0.1, move_after_s=1.5)
+    try:
+        before = fleet.placement(paths)
+        fleet._static = [urls[0], urls[2]]  # what a DNS answer without the restarting pod gives
+        deadline = time.monotonic() + 10
+        while urls[1] in {m.url for m in fleet.members()} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert urls[1] not in {m.url for m in fleet.members()}
+        assert fleet.placement(paths) == before  # within move_after_s: nothing moves
+        while fleet.placement(paths) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not fleet.placement(paths).get(urls[1])
+        fleet._static = urls  # listed again: it owns its share again
+        while fleet.placement(paths) != before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fleet.placement(paths) == before
+    finally:
+        fleet.close()

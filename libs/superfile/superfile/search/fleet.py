@@ -205,7 +205,8 @@ class Fleet:
                     self._away.setdefault(url, now)
             for url in [u for u, since in self._away.items() if u not in health and now - since > self.move_after_s]:
                 del self._away[url]  # gone for good (a member still failing keeps its entry: its time stands)
-            placed = tuple(sorted(u for u in health if health[u] or now - self._away[u] <= self.move_after_s))
+            recent = {u for u, since in self._away.items() if now - since <= self.move_after_s}  # failed or unlisted
+            placed = tuple(sorted({u for u, ok in health.items() if ok} | recent))
             if before != health or placed != self._placed:
                 self._placed = placed
                 self.generation += 1
