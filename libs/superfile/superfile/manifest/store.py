@@ -239,13 +239,13 @@ class ManifestStore:
     def swap_pointer(self, pointer: Pointer | PreparedPointer, etag: str) -> None:
         """Publish: raises PreconditionFailedError if another commit landed since ``etag`` was read."""
         settle()  # what the pointer reaches is durable before it is (publish settles first, for its errors)
-        prepared = pointer if isinstance(pointer, PreparedPointer) else PreparedPointer(pointer, b"")
+        if isinstance(pointer, Pointer):
+            pointer = self.prepare_pointer(pointer)
         try:
-            if prepared.staged is not None and isinstance(self.storage, LocalStorage):
-                self.storage.swap_staged(prepared.staged, etag)
+            if pointer.staged is not None and isinstance(self.storage, LocalStorage):
+                self.storage.swap_staged(pointer.staged, etag)
             else:
-                data = prepared.data or json.dumps(prepared.pointer.to_json()).encode()
-                self.storage.write_if_match(POINTER, data, etag)
+                self.storage.write_if_match(POINTER, pointer.data, etag)
         except ObjectNotFoundError:
             raise TableNotFoundError(f"table at {self.storage.uri!r} was dropped") from None
 
@@ -325,7 +325,7 @@ class ManifestStore:
         self._parts.discard(lambda key: key.rsplit("#", 1)[0] in named)
 
     def release_deletes(self, paths: Collection[str]) -> None:
-        """Drop the deletion vectors ``paths`` (those no kept version names), as :meth:`release_parts`."""
+        """Drop the deletion vectors ``paths`` (those no kept version names), as :meth:`retain_parts` drops parts."""
         if paths:
             self._deletes.discard(lambda path: path not in paths)
 
