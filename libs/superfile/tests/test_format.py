@@ -102,7 +102,16 @@ def test_footer_metadata_and_sections(built: BuiltSuperfile, path: str, data: pa
     kv = pq.read_metadata(path).metadata or {}
     assert kv[b"superfile.format"] == b"superfile"
     assert kv[b"superfile.version"] == b"1"
-    assert set(built.sections) == {"data", "fts/text", "fts/title", "fts/author", "vec/embedding", "ids", "footer"}
+    assert set(built.sections) == {
+        "data",
+        "fts/text",
+        "fts/title",
+        "fts/author",
+        "vec/embedding",
+        "ids",
+        "pageindex",
+        "footer",
+    }
     end = 0
     for s in built.sections.values():  # contiguous, in file order, each checksummed
         assert s.offset == end

@@ -30,6 +30,7 @@ __all__ = [
     "KEY_FORMAT",
     "KEY_SECTIONS",
     "KEY_VERSION",
+    "PAGE_INDEX_SECTION",
     "VERSION",
     "BuiltSuperfile",
     "Section",
@@ -61,6 +62,8 @@ _TAIL = struct.Struct("<I4s")
 
 
 IDS_SECTION = "ids"
+# the Parquet page index (column and offset indexes), which pyarrow writes after the blobs, before the footer
+PAGE_INDEX_SECTION = "pageindex"
 
 
 def fts_section(column: str) -> str:

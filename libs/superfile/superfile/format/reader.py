@@ -28,6 +28,7 @@ from superfile.format.layout import (
     parse_directory,
     vec_section,
 )
+from superfile.format.pages import PageReads
 from superfile.format.scalar_index import ScalarIndex
 from superfile.format.vector_index import VectorIndex
 
@@ -43,6 +44,9 @@ READ_WHOLE_BYTES = 64 * 1024
 READER_OVERHEAD = 8 * 1024
 FOOTER_FACTOR = 9
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# What reading one page costs beside its bytes (a header parse, a decompression call, the Python around them),
+# in bytes of whole-chunk decoding that take as long: pages are read only when they cost at most half the chunks
+_PAGE_COST_BYTES = 16 * 1024
 
 
 class SuperfileReader:
@@ -85,6 +89,7 @@ class SuperfileReader:
             if "column" in e and not str(e.get("name", "")).startswith("idx/")
         }
         self._lock = threading.Lock()
+        self._pages = PageReads(buf, metadata, ensure)
         self._fulltext: dict[str, FullTextIndex] = {}
         self._vector: dict[str, VectorIndex] = {}
         self._scalar: dict[str, ScalarIndex] = {}
@@ -203,11 +208,10 @@ class SuperfileReader:
         for c in cols:
             if c not in self.columns:
                 raise UnknownColumnError(f"{self.name}: no Parquet column {c!r}")
-        pf = self._parquet()
         indices = [i for c in cols for i in self._leaves[c]]
         if rows is None:
             self._ensure_chunks(range(self._pq_meta.num_row_groups), indices)
-            return pf.read_all(column_indices=indices, use_threads=use_threads)
+            return self._parquet().read_all(column_indices=indices, use_threads=use_threads)
         offsets = np.asarray(rows)
         if offsets.ndim != 1 or (offsets.size and not np.issubdtype(offsets.dtype, np.integer)):
             raise TypeError(f"rows must be a 1-d array of integer row offsets, got {offsets.dtype}{offsets.shape}")
@@ -218,12 +222,50 @@ class SuperfileReader:
             raise IndexError(f"{self.name}: row offsets must be in [0, {self.num_rows})")
         group = np.searchsorted(self._rg_starts, offsets, side="right") - 1
         needed = np.unique(group)
-        sizes = np.diff(self._rg_starts)[needed]
-        base = np.zeros(len(self._rg_starts) - 1, np.int64)
-        base[needed] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        self._ensure_chunks(needed.tolist(), indices)
-        table = pf.read_row_groups(needed.tolist(), column_indices=indices, use_threads=use_threads)
-        return table.take(pa.array(base[group] + offsets - self._rg_starts[group]))
+        local = offsets - self._rg_starts[group]
+        paged = {c: self._by_pages(self._leaves[c][0], group, local, needed) for c in cols if len(self._leaves[c]) == 1}
+        whole = [i for c in cols if paged.get(c) is None for i in self._leaves[c]]
+        table: pa.Table | None = None
+        if whole:
+            sizes = np.diff(self._rg_starts)[needed]
+            base = np.zeros(len(self._rg_starts) - 1, np.int64)
+            base[needed] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            self._ensure_chunks(needed.tolist(), whole)
+            table = self._parquet().read_row_groups(needed.tolist(), column_indices=whole, use_threads=use_threads)
+            table = table.take(pa.array(base[group] + local))
+            if len(whole) == len(indices):
+                return table
+        schema = self._pq_meta.schema.to_arrow_schema()
+        arrays: list[pa.Array | pa.ChunkedArray] = []
+        for c in cols:
+            array = paged.get(c)
+            if array is None:
+                assert table is not None  # its leaves were read whole above
+                arrays.append(table.column(c))
+            else:
+                arrays.append(array)
+        return pa.Table.from_arrays(
+            arrays, schema=pa.schema([schema.field(c) for c in cols]).with_metadata(schema.metadata)
+        )
+
+    def _by_pages(self, leaf: int, group: np.ndarray, local: np.ndarray, needed: np.ndarray) -> pa.Array | None:
+        """Leaf column ``leaf`` at the rows (``group``, ``local``) decoded from only the pages holding them,
+        when its chunks can be read by pages and those pages cost at most half of decoding the chunks whole
+        (``format/pages.py``); else None."""
+        if self._pages.column(leaf) is None:
+            return None
+        part = whole = 0
+        for g in needed.tolist():
+            chunk = self._pages.chunk(g, leaf)
+            if chunk is None:
+                return None
+            size = self._pq_meta.row_group(g).column(leaf).total_uncompressed_size
+            pages = np.unique(chunk.page_of(local[group == g]))
+            part += chunk.decoded_bytes(pages, size, int(chunk.first_rows[-1])) + len(pages) * _PAGE_COST_BYTES
+            whole += size
+        if 2 * part > whole:
+            return None
+        return self._pages.read(group, local, leaf)
 
     def _ensure_chunks(self, row_groups: Iterable[int], columns: list[int]) -> None:
         """Make the column chunks that a read of these row groups and leaf columns decodes present."""
