@@ -101,3 +101,21 @@ def save(name: str, result: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2))
     return path
+
+
+def lancedb_english_fts(table: Any, column: str = "text") -> None:
+    """LanceDB's native full-text index on ``column`` with the analysis of superfile's "english" tokenizer
+    (simple tokenizer, tokens up to 40 characters, lower case, English stopwords and stemmer), so BM25 results
+    compare."""
+    table.create_fts_index(
+        column,
+        use_tantivy=False,
+        base_tokenizer="simple",
+        language="English",
+        max_token_length=40,
+        lower_case=True,
+        stem=True,
+        remove_stop_words=True,
+        ascii_folding=False,
+        with_position=False,
+    )

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, SAMPLE, SHARED, peak_rss_mb, percentile, repeated, run_isolated, save
+from common import RESULTS, SAMPLE, SHARED, lancedb_english_fts, peak_rss_mb, percentile, repeated, run_isolated, save
 
 DIM = 384
 K = 10
@@ -171,19 +171,7 @@ def child_lancedb(target: str, args: argparse.Namespace) -> dict[str, Any]:
     total = seed.num_rows + sum(b.num_rows for b in small)
     db = lancedb.connect(target)
     t = db.create_table("bench", seed)
-    # the same analysis as superfile's "english" (see search_bench.py)
-    t.create_fts_index(
-        "text",
-        use_tantivy=False,
-        base_tokenizer="simple",
-        language="English",
-        max_token_length=40,
-        lower_case=True,
-        stem=True,
-        remove_stop_words=True,
-        ascii_folding=False,
-        with_position=False,
-    )
+    lancedb_english_fts(t)
     t.create_index(metric="cosine", vector_column_name="embedding", index_type="IVF_PQ")
     t0 = time.perf_counter()
     for b in small:

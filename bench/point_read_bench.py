@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, percentile, save
+from common import ROOT, lancedb_english_fts, percentile, save
 from search_bench import K, all_rows, queries
 
 BUILD = """
@@ -84,18 +84,7 @@ def build(cache: Path, rows: int, before: Path) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     table = lancedb.connect(str(cache / "lancedb")).create_table("bench", pq.read_table(rows_file))
-    table.create_fts_index(
-        "text",
-        use_tantivy=False,
-        base_tokenizer="simple",
-        language="English",
-        max_token_length=40,
-        lower_case=True,
-        stem=True,
-        remove_stop_words=True,
-        ascii_folding=False,
-        with_position=False,
-    )
+    lancedb_english_fts(table)
     info["lancedb"] = {"seconds": time.perf_counter() - t0}
     rows_file.unlink()
     record.write_text(json.dumps(info, indent=2))

@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, SAMPLE, SHARED, median, peak_rss_mb, run_isolated, save
+from common import RESULTS, SAMPLE, SHARED, lancedb_english_fts, median, peak_rss_mb, run_isolated, save
 
 K = 10
 SPLITS = (1, 16)
@@ -353,18 +353,7 @@ def child_lancedb(name: str, work: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     t = db.create_table("docs", docs)
     if data["texts"] is not None:
-        t.create_fts_index(
-            "text",
-            use_tantivy=False,
-            base_tokenizer="simple",
-            language="English",
-            max_token_length=40,
-            lower_case=True,
-            stem=True,
-            remove_stop_words=True,
-            ascii_folding=False,
-            with_position=False,
-        )
+        lancedb_english_fts(t)
     t.create_index(metric="cosine", vector_column_name="embedding", index_type="IVF_PQ")
     for col in ("bucket", "rank"):
         if col in docs.column_names:

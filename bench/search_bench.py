@@ -69,7 +69,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, SHARED, corpus, median, peak_rss_mb, percentile, repeated, run_isolated
+from common import (
+    RESULTS,
+    ROOT,
+    SHARED,
+    corpus,
+    lancedb_english_fts,
+    median,
+    peak_rss_mb,
+    percentile,
+    repeated,
+    run_isolated,
+)
 
 DIM = 384
 K = 10
@@ -285,19 +296,7 @@ def build_lancedb(cache: Path, rows: int) -> dict[str, Any]:
             t.add(b)
     assert t is not None
     t_add = time.perf_counter() - t0
-    # the same analysis as superfile's "english": simple tokenizer, <= 40 chars, lowercase, stopwords, stemmer
-    t.create_fts_index(
-        "text",
-        use_tantivy=False,
-        base_tokenizer="simple",
-        language="English",
-        max_token_length=40,
-        lower_case=True,
-        stem=True,
-        remove_stop_words=True,
-        ascii_folding=False,
-        with_position=False,
-    )
+    lancedb_english_fts(t)
     t_fts = time.perf_counter() - t0 - t_add
     t.create_index(metric="cosine", vector_column_name="embedding", index_type="IVF_PQ")
     t_vec = time.perf_counter() - t0 - t_add - t_fts
