@@ -154,3 +154,12 @@ def test_every_page_readable_type_decodes_as_pyarrow_reads_it(built: bytes, tabl
             readable.append(name)
             assert pages.read(group, rows - starts[group], leaf).equals(whole.column(name).combine_chunks()), name
     assert sorted(readable) == sorted(c for c in table.column_names if c != "label")
+
+
+def test_columns_without_a_distinct_count_keep_pyarrow_s_default() -> None:
+    """The writer judges cardinality with Arrow's count_distinct, which has no kernel for some types."""
+    data = pa.table({"_id": pa.array([1, 2, 3], pa.uint64()), "nothing": pa.nulls(3), "s": ["a", "b", "c"]})
+    reader = SuperfileReader.open(build_superfile(data, SuperfileSpec()).data, name="t")
+    got = reader.read(["nothing", "s"], rows=np.array([2, 0]))
+    assert got.column("nothing").null_count == 2
+    assert got.column("s").to_pylist() == ["c", "a"]

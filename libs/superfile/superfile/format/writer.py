@@ -211,7 +211,10 @@ def _dictionary_columns(table: pa.Table) -> list[str]:
     def few_values(column: pa.ChunkedArray) -> bool:
         if pa.types.is_nested(column.type) or pa.types.is_dictionary(column.type):
             return True
-        return 2 * int(pc.count_distinct(column, mode="all").as_py()) <= len(column)
+        try:
+            return 2 * int(pc.count_distinct(column, mode="all").as_py()) <= len(column)
+        except pa.ArrowNotImplementedError:  # no distinct count for the type (null, views): pyarrow's default
+            return True
 
     return [name for name, column in zip(table.column_names, sample.columns, strict=True) if few_values(column)]
 
