@@ -106,3 +106,24 @@ def test_parts_of_lost_races_are_not_kept(tmp_path: Path) -> None:
         named = {p.path for pin in t.files._recent for p in pin.manifest.parts}
         assert len(_cached_parts(t) - named) <= 2, t  # at most a part of its own last commit's attempts
     assert a.count_rows() == 600
+
+
+def test_writer_keeps_the_json_of_its_latest_parts_entries_only(tmp_path: Path) -> None:
+    """A writer that rebases over another catalog's compactions (the builder over its compaction process) encodes
+    the entries of parts it did not write; their JSON, and the entries with it, are kept only while one of the
+    parts it wrote last (the ones its next commits extend or rewrite) holds them. They were kept up to the
+    cache's 4,096 entries, one or two more per commit: the soak's builder grew by about 31 KB a commit."""
+    uri = (tmp_path / "db").as_uri()
+    writer = superfile.connect(uri).create_table("t", SCHEMA)
+    compactor = superfile.connect(uri).open_table("t")  # its own catalog and manifest store, as another process
+    commits = 100
+    for i in range(commits):
+        writer.append(_batch(i * 20))
+        if i % 10 == 9:
+            compactor.optimize()
+    writer.append(_batch(commits * 20))
+    store = writer.files.manifests
+    encoded = [entry for entry, _ in store._encoded.values()]
+    recent = {e.path for n in range(8) for e in writer.checkout(writer.version - n).snapshot().entries()}
+    assert len(encoded) <= 2 * len(recent) + 16 < commits, len(encoded)  # was one more per commit
+    assert writer.count_rows() == (commits + 1) * 20
