@@ -352,6 +352,8 @@ def per_minute(soak: Soak, minutes: list[dict[str, Any]]) -> None:
                 k: float(np.median([s[n][k] for s in samples if n in s])) for k in ("rss", "anon", "file")
             }  # the minute's median sample: a compaction's peak is in max_rss_mb
             | {"max_rss": max(s[n]["rss"] for s in samples if n in s)}
+            # the least: a process whose memory swings with its work (the compaction process between runs)
+            | {"min_anon": min(s[n]["anon"] for s in samples if n in s)}
             for n in names
         }
 
@@ -377,8 +379,10 @@ def verdicts(minutes: list[dict[str, Any]], soak: Soak) -> dict[str, Any]:
     for name in names:
         series = [rec["rss_mb"][name]["rss"] for rec in half if name in rec["rss_mb"]]
         anon = [rec["rss_mb"][name]["anon"] for rec in half if name in rec["rss_mb"]]
+        least = [rec["rss_mb"][name]["min_anon"] for rec in half if name in rec["rss_mb"]]
         rss[name] = trend(series, floor=10.0, share=0.05) | {
             "anon": trend(anon, floor=10.0, share=0.05),
+            "anon_min": trend(least, floor=10.0, share=0.05),  # the minute's least sample: between runs
             "minutes": len(series),
         }
     published = [rec["mb_published_total"] for rec in half]
