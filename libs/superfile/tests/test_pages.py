@@ -163,3 +163,17 @@ def test_columns_without_a_distinct_count_keep_pyarrow_s_default() -> None:
     got = reader.read(["nothing", "s"], rows=np.array([2, 0]))
     assert got.column("nothing").null_count == 2
     assert got.column("s").to_pylist() == ["c", "a"]
+
+
+def test_a_damaged_page_is_a_typed_error(table: pa.Table) -> None:
+    """Opened without the data checksums (a copy read by ranges), a damaged page header fails the read with
+    CorruptSuperfileError naming the column, as a damaged footer or index does, not with a parser's error."""
+    data = bytearray(build_superfile(table, SuperfileSpec()).data)
+    reader = SuperfileReader.open(bytes(data), name="t")
+    leaf = reader._leaves["text"][0]
+    chunk = reader._pages.chunk(0, leaf)
+    assert chunk is not None
+    data[int(chunk.offsets[0])] = 0xFF  # the page header's first field header: no Thrift type
+    damaged = SuperfileReader.open(bytes(data), name="t", verify=False)
+    with pytest.raises(CorruptSuperfileError, match="'text'"):
+        damaged.read(["text"], rows=np.array([3]))

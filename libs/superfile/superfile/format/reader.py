@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import struct
 import tempfile
 import threading
 import zlib
@@ -255,18 +256,22 @@ class SuperfileReader:
         (``format/pages.py``); else None."""
         if self._pages.column(leaf) is None:
             return None
-        part = whole = 0
-        for g in needed.tolist():
-            chunk = self._pages.chunk(g, leaf)
-            if chunk is None:
+        try:
+            part = whole = 0
+            for g in needed.tolist():
+                chunk = self._pages.chunk(g, leaf)
+                if chunk is None:
+                    return None
+                size = self._pq_meta.row_group(g).column(leaf).total_uncompressed_size
+                pages = np.unique(chunk.page_of(local[group == g]))
+                part += chunk.decoded_bytes(pages, size, int(chunk.first_rows[-1])) + len(pages) * _PAGE_COST_BYTES
+                whole += size
+            if 2 * part > whole:
                 return None
-            size = self._pq_meta.row_group(g).column(leaf).total_uncompressed_size
-            pages = np.unique(chunk.page_of(local[group == g]))
-            part += chunk.decoded_bytes(pages, size, int(chunk.first_rows[-1])) + len(pages) * _PAGE_COST_BYTES
-            whole += size
-        if 2 * part > whole:
-            return None
-        return self._pages.read(group, local, leaf)
+            return self._pages.read(group, local, leaf)
+        except (ValueError, IndexError, KeyError, TypeError, struct.error, pa.ArrowException) as e:
+            column = self._pq_meta.schema.column(leaf).path
+            raise CorruptSuperfileError(self.name, f"the pages of column {column!r} do not decode: {e!r}") from None
 
     def _ensure_chunks(self, row_groups: Iterable[int], columns: list[int]) -> None:
         """Make the column chunks that a read of these row groups and leaf columns decodes present."""
