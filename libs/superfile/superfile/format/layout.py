@@ -111,7 +111,7 @@ class SuperfileSpec:
     # of a 20-row append (floats of the vectors kept in Parquet) and bought nothing at that size
     dictionary: bool = True
     row_group_size: int = 8192  # at most this many rows per row group ...
-    row_group_bytes: int = 4 << 20  # ... and about this much Arrow data (reading one row decodes its group)
+    row_group_bytes: int = 4 << 20  # ... and about this much Arrow data (what a read of many rows decodes)
 
 
 @dataclass

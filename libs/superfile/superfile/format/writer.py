@@ -222,7 +222,7 @@ def _dictionary_columns(table: pa.Table) -> list[str]:
 def _rows_per_group(table: pa.Table, spec: SuperfileSpec) -> int:
     """Rows per row group: ``row_group_bytes`` of data, at least 1024 rows, at most ``row_group_size``.
 
-    Row reads decode whole row groups (pyarrow cannot read single pages), so
+    A read of more than a few rows decodes whole row groups (a few are read by page, format/pages.py), so
     groups are sized by bytes: 65536 rows of 1 KB texts made a 10-row read take
     ~0.5 s; ~4 MB groups take a few ms each and also scan fastest.
     """
