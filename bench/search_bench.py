@@ -607,6 +607,17 @@ def data_version() -> str:
     return digest.hexdigest()[:16]
 
 
+def superfile_format() -> str:
+    """What the superfile table depends on besides its rows: the code that writes superfiles. A table written
+    before a layout change (as page reads made) would measure the old layout, so it is built again."""
+    from superfile.format import layout, writer
+
+    digest = hashlib.sha256()
+    for module in (layout, writer):
+        digest.update(inspect.getsource(module).encode())
+    return digest.hexdigest()[:16]
+
+
 def check_ground_truth(vectors: Callable[[np.ndarray], np.ndarray], cache: Path, atol: float = 1e-4) -> None:
     """The ground truth's best similarities, recomputed from the vectors the measured system stores for
     those doc_ids: a table that holds other vectors than the ground truth was computed over fails here,
@@ -641,8 +652,9 @@ def ensure_builds(args: argparse.Namespace, kinds: list[str], systems: list[str]
         needed = ["gt_filtered", *needed]
     if "vector" in kinds:
         needed = ["gt", *needed]
+    written_by = superfile_format()
     for what in needed:
-        if what in info and p[what].exists():
+        if what in info and p[what].exists() and (what != "superfile" or info[what].get("format") == written_by):
             continue
         if p[what].is_dir():
             shutil.rmtree(p[what])
@@ -650,6 +662,8 @@ def ensure_builds(args: argparse.Namespace, kinds: list[str], systems: list[str]
             p[what].unlink()
         print(f"building {what} ...", flush=True)
         res = run_isolated(Path(__file__), *common_argv(args), "--child-build", what)
+        if what == "superfile":
+            res["format"] = written_by
         record_build(cache, what, res)
         print(f"  {what}: {json.dumps(res)}", flush=True)
 

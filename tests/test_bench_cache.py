@@ -60,6 +60,14 @@ def test_cache_reuse_and_invalidation(tmp_path: Path) -> None:
         best = max(s["recall"] for s in res["vector"][system]["settings"])
         assert best >= 0.95, (system, res["vector"][system]["settings"])
 
+    # a table written by other superfile code: that table alone is built again
+    recorded = builds(tmp_path)
+    recorded["superfile"]["format"] = "an older writer"
+    (tmp_path / "cache" / "builds.json").write_text(json.dumps(recorded))
+    out, _ = bench(tmp_path, "--kinds", "bm25", "--systems", "superfile,tantivy")
+    assert "building superfile" in out and "building tantivy" not in out and "building gt" not in out
+    assert builds(tmp_path)["superfile"]["format"] != "an older writer"
+
     # a ground truth over other rows: the measurement fails and reports no recall
     gt_path = tmp_path / "cache" / "ground_truth.npz"
     gt = dict(np.load(gt_path))
