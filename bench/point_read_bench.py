@@ -5,7 +5,7 @@ and by whole row group (superfiles of another checkout, ``--before-path``), besi
 
 The rows are search_bench's (``--rows`` real Cranfield + Vaswani texts repeated, ~400 bytes each, with
 384-d vectors), in superfiles of ``rows / 16`` rows, on file://. Three tables over the same rows, built once
-into ``--cache`` (keyed by rows and the two checkouts' commits):
+into ``--cache`` (keyed by rows, this checkout's superfile writer and the other checkout's commit):
 
 - **after**: written by this checkout (no dictionary for columns of mostly distinct values, 64 KiB pages,
   the page index), so a read of a few rows decodes only the pages holding them (``format/pages.py``);
@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, lancedb_english_fts, percentile, save
-from search_bench import K, all_rows, queries
+from search_bench import K, all_rows, queries, superfile_format
 
 BUILD = """
 import sys, time, json
@@ -62,7 +62,7 @@ def git_commit(path: Path) -> str:
 
 def build(cache: Path, rows: int, before: Path) -> dict[str, Any]:
     """The three tables, once per (rows, checkouts); their build records."""
-    key = {"rows": rows, "after": git_commit(ROOT), "before": git_commit(before)}
+    key = {"rows": rows, "after": superfile_format(), "before": git_commit(before)}
     record = cache / "builds.json"
     if record.exists() and json.loads(record.read_text()).get("key") == key:
         return dict(json.loads(record.read_text()))
