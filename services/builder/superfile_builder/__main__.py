@@ -21,7 +21,6 @@ from typing import Any
 
 import redis
 import superfile
-from superfile.allocator import fix_mmap_threshold
 from superfile.connection import Connection
 from superfile.io.cache import DEFAULT_BUDGET_BYTES
 from superfile.maintenance import CompactionPolicy, Compactor
@@ -177,9 +176,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    # each commit builds indexes in megabyte buffers: with glibc's rising threshold they land in its arenas and
-    # stay with the process once freed (superfile/allocator.py, docs/builder.md "Memory")
-    fix_mmap_threshold()
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = PipelineConfig(
         kafka=args.kafka,
