@@ -142,16 +142,18 @@ class ChunkPages:
     offsets: np.ndarray
     sizes: np.ndarray
     first_rows: np.ndarray  # len(offsets) + 1: the last entry is the row group's row count
+    codec: str  # the chunk's compression, as pyarrow names it
+    uncompressed: int  # the chunk's uncompressed size
 
     def page_of(self, rows: np.ndarray) -> np.ndarray:
         """The page holding each of ``rows`` (row offsets within the row group)."""
         return np.searchsorted(self.first_rows, rows, side="right") - 1
 
-    def decoded_bytes(self, pages: np.ndarray, whole: int, rows: int) -> int:
-        """About how many bytes decoding ``pages`` costs, from their share of the chunk's rows (sizes in
-        the offset index are compressed; ``whole`` is the chunk's uncompressed size)."""
+    def decoded_bytes(self, pages: np.ndarray) -> int:
+        """About how many bytes decoding ``pages`` costs: their share of the chunk's rows of its uncompressed
+        size (sizes in the offset index are compressed)."""
         counts = self.first_rows[pages + 1] - self.first_rows[pages]
-        return int(whole * int(counts.sum()) // max(rows, 1))
+        return int(self.uncompressed * int(counts.sum()) // max(int(self.first_rows[-1]), 1))
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,6 @@ class _Column:
     """What decoding one leaf column needs, checked once per reader."""
 
     physical: str
-    codec: str | None  # pyarrow's codec name; None: uncompressed
     nullable: bool  # one definition level (an optional top-level column)
     arrow: pa.DataType
     read_as: pa.DataType  # the values as decoded: the physical type, or a view of it with the same bits
@@ -214,7 +215,7 @@ class PageReads:
         if read_as is None:
             return None
         nullable = leaf.max_definition_level == 1
-        return _Column(physical, None, nullable, arrow, read_as)
+        return _Column(physical, nullable, arrow, read_as)
 
     def chunk(self, group: int, index: int) -> ChunkPages | None:
         """The pages of one column chunk, or None when it cannot be read by pages (no offset index, a
@@ -244,7 +245,7 @@ class PageReads:
         offsets = np.array([loc[1] for loc in locations], np.int64)
         sizes = np.array([loc[2] for loc in locations], np.int64)
         first = np.array([loc[3] for loc in locations] + [self._meta.row_group(group).num_rows], np.int64)
-        return ChunkPages(offsets, sizes, first)
+        return ChunkPages(offsets, sizes, first, meta.compression, meta.total_uncompressed_size)
 
     def read(self, groups: np.ndarray, rows: np.ndarray, index: int) -> pa.Array:
         """Leaf column ``index`` at the given rows, as pyarrow would read it, in the given order: ``groups`` and
@@ -257,13 +258,13 @@ class PageReads:
         for group in np.unique(groups).tolist():
             pages = self.chunk(group, index)
             assert pages is not None
-            codec = self._meta.row_group(group).column(index).compression
             chosen = np.flatnonzero(groups == group)
             which = pages.page_of(rows[chosen])
             for page in np.unique(which).tolist():
                 at = chosen[which == page]
                 local = rows[at] - pages.first_rows[page]
-                values, present = self._page(column, codec, int(pages.offsets[page]), int(pages.sizes[page]), local)
+                offset, size = int(pages.offsets[page]), int(pages.sizes[page])
+                values, present = self._page(column, pages.codec, offset, size, local)
                 for j, v in zip(at.tolist(), values, strict=True):
                     out[j] = v
                 if present is not None:

@@ -262,10 +262,9 @@ class SuperfileReader:
                 chunk = self._pages.chunk(g, leaf)
                 if chunk is None:
                     return None
-                size = self._pq_meta.row_group(g).column(leaf).total_uncompressed_size
                 pages = np.unique(chunk.page_of(local[group == g]))
-                part += chunk.decoded_bytes(pages, size, int(chunk.first_rows[-1])) + len(pages) * _PAGE_COST_BYTES
-                whole += size
+                part += chunk.decoded_bytes(pages) + len(pages) * _PAGE_COST_BYTES
+                whole += chunk.uncompressed
             if 2 * part > whole:
                 return None
             return self._pages.read(group, local, leaf)
