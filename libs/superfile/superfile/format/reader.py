@@ -45,9 +45,9 @@ READ_WHOLE_BYTES = 64 * 1024
 READER_OVERHEAD = 8 * 1024
 FOOTER_FACTOR = 9
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-# What reading one page costs beside its bytes (its run of pages is a row group of the footer pyarrow reads them by),
+# What reading one page costs beside its bytes (a header parse, a decompression call, the Python around them),
 # in bytes of whole-chunk decoding that take as long: pages are read only when they cost at most half the chunks
-_PAGE_COST_BYTES = 4 * 1024
+_PAGE_COST_BYTES = 16 * 1024
 
 
 class SuperfileReader:
@@ -268,7 +268,7 @@ class SuperfileReader:
             if 2 * part > whole:
                 return None
             return self._pages.read(group, local, leaf)
-        except (ValueError, IndexError, KeyError, TypeError, OSError, struct.error, pa.ArrowException) as e:
+        except (ValueError, IndexError, KeyError, TypeError, struct.error, pa.ArrowException) as e:
             column = self._pq_meta.schema.column(leaf).path
             raise CorruptSuperfileError(self.name, f"the pages of column {column!r} do not decode: {e!r}") from None
 
