@@ -125,6 +125,15 @@ def _memory(pid: int) -> tuple[float, float, float] | None:
     )
 
 
+def _cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) a process has used so far, from /proc; None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def sample_rss(roots: dict[str, int]) -> dict[str, dict[str, float]]:
     """Memory of each named process and, as ``<name> (children)``, of all its descendants together (the
     builder's compaction process, the gateway's SQL workers); this process's children are the servers,
@@ -132,9 +141,9 @@ def sample_rss(roots: dict[str, int]) -> dict[str, dict[str, float]]:
     kids = _children()
     out: dict[str, dict[str, float]] = {}
     for name, pid in roots.items():
-        mem = _memory(pid)
-        if mem is not None:
-            out[name] = {"rss": mem[0], "anon": mem[1], "file": mem[2]}
+        mem, cpu = _memory(pid), _cpu(pid)
+        if mem is not None and cpu is not None:
+            out[name] = {"rss": mem[0], "anon": mem[1], "file": mem[2], "cpu": cpu}
         if pid == os.getpid():
             continue
         family, todo = [], list(kids.get(pid, []))
@@ -145,6 +154,7 @@ def sample_rss(roots: dict[str, int]) -> dict[str, dict[str, float]]:
         mems = [m for m in map(_memory, family) if m is not None]
         if mems:
             out[f"{name} (children)"] = {k: sum(m[i] for m in mems) for i, k in enumerate(("rss", "anon", "file"))}
+            out[f"{name} (children)"]["cpu"] = sum(c for c in map(_cpu, family) if c is not None)
     return out
 
 
@@ -219,6 +229,7 @@ class Soak:
         self.queries: dict[int, list[float]] = collections.defaultdict(list)
         self.query_errors: dict[int, int] = collections.defaultdict(int)
         self.rss: dict[int, list[dict[str, dict[str, float]]]] = collections.defaultdict(list)
+        self.sampled_at: dict[int, list[float]] = collections.defaultdict(list)  # each RSS sample's time
         self.stop = threading.Event()
         self.t0 = time.perf_counter()
         self.bytes_published = 0  # Arrow bytes of the rows sent: what the broker's in-memory log holds
@@ -261,7 +272,9 @@ class Soak:
 
     def sample(self, roots: dict[str, int]) -> None:
         while not self.stop.wait(_SAMPLE_S):
-            self.rss[self.minute()].append(sample_rss(roots))
+            now, sample = time.perf_counter(), sample_rss(roots)
+            self.rss[self.minute()].append(sample)
+            self.sampled_at[self.minute()].append(now)
 
     def produce(self, rows: Rows) -> int:
         """One event of rate/10 rows every 100 ms for the run's minutes; returns the rows published."""
@@ -356,6 +369,13 @@ def per_minute(soak: Soak, minutes: list[dict[str, Any]]) -> None:
             | {"min_anon": min(s[n]["anon"] for s in samples if n in s)}
             for n in names
         }
+        # cores each process used over the minute's samples (a process that restarted in it is left out)
+        times = soak.sampled_at.get(m, [])
+        rec["cpu_cores"] = {
+            n: (samples[-1][n]["cpu"] - samples[0][n]["cpu"]) / (times[-1] - times[0])
+            for n in names
+            if len(times) > 1 and n in samples[0] and n in samples[-1] and samples[-1][n]["cpu"] >= samples[0][n]["cpu"]
+        }
 
 
 def verdicts(minutes: list[dict[str, Any]], soak: Soak) -> dict[str, Any]:
@@ -404,7 +424,7 @@ def markdown(result: dict[str, Any]) -> str:
     head = ["min", "p50 s", "p95 s", "rows/s", "commits (mean s)", "compaction waits", "load"]
     head += ["versions (retained)", "superfiles", "storage MB (current)"]
     head += [f"{n} MB (anon)" for n in names]
-    head += ["deleted files mapped MB"]
+    head += ["deleted files mapped MB", "CPU cores"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def f(x: float | None, fmt: str = ".2f") -> str:
@@ -434,6 +454,8 @@ def markdown(result: dict[str, Any]) -> str:
         ]
         mapped = rec.get("deleted_files_mapped_mb", {})
         row.append(", ".join(f"{n.split()[0]} {mb:.0f}" for n, mb in mapped.items() if mb >= 1) or "0")
+        cores = rec.get("cpu_cores", {})
+        row.append(", ".join(f"{n} {c:.2f}" for n, c in sorted(cores.items(), key=lambda x: -x[1]) if c >= 0.05) or "-")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
