@@ -558,7 +558,12 @@ def main() -> None:
     p.add_argument("--rate", type=int, default=2000, help="rows per second (one event every 100 ms)")
     p.add_argument("--retention-s", type=float, default=180.0, help="the builder's cleanup retention")
     p.add_argument("--cleanup-interval-s", type=float, default=60.0, help="how often the builder cleans up")
-    p.add_argument("--cache-budget-bytes", type=int, default=2 << 30, help="builder's and gateway's disk cache")
+    p.add_argument(
+        "--cache-budget-bytes",
+        type=int,
+        default=12 << 30,
+        help="builder's and gateway's disk cache (holds 30 minutes of the table)",
+    )
     p.add_argument("--poll-ms", type=int, default=20)
     p.add_argument("--name", default="soak")
     p.add_argument("--plot", default=str(ROOT / "docs" / "soak.svg"))
