@@ -1,6 +1,7 @@
 """Handing freed memory back to the system, in the processes that free much of what they allocate for long:
-the builder's compaction process (the builder itself keeps glibc's defaults: its commits are the freshness
-path, and the fixed threshold made them 25% slower; ``docs/builder.md``, "Memory").
+the builder's compaction process (fixed threshold, release after each run) and the builder itself (glibc's
+dynamic threshold, since its commits are the freshness path and the fixed threshold made them 25% slower;
+:func:`release_unused` every 10 s after a commit instead; ``docs/builder.md``, "Memory").
 
 Two allocators kept memory the process had freed, and so grew the anonymous memory of the soak's builder and
 of its compaction process by about 12 MB a minute each (``BENCHMARKS.md``, "Soak"):
