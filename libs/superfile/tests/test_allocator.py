@@ -24,28 +24,47 @@ _BLOCKS = 48
 _MIB = 1 << 20
 
 
-def churn_megabytes() -> int:
-    """In the process it runs in: free a block larger than all of glibc's free bytes (so it cannot come from
-    an arena's free chunks: it is mapped, and freeing it raises a dynamic threshold past 1 MiB), then allocate
-    96 blocks of 1 MiB and free every other one. Returns the growth of glibc's free bytes: 48 MiB when the
-    blocks came from an arena (the blocks left between them keep the holes from merging into the top and being
-    trimmed), about nothing when each had its own mapping."""
+def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
+    return libc
+
+
+def _raise_threshold(libc: ctypes.CDLL) -> None:
+    """Free a block larger than all of glibc's free bytes: it cannot come from an arena's free chunks, so it
+    is mapped, and freeing it raises a dynamic threshold past 1 MiB (CI once served a 1 MiB one from free
+    chunks: no raise, nothing measured)."""
     start = glibc_bytes()
     assert start is not None
-    libc.free(libc.malloc(start[1] + _MIB))  # CI once served a 1 MiB one from free chunks: no raise, no test
-    before = glibc_bytes()
-    assert before is not None
+    libc.free(libc.malloc(start[1] + _MIB))
+
+
+def _free_every_other(libc: ctypes.CDLL, *, touch: bool) -> list[int]:
+    """Allocate 96 blocks of 1 MiB (written to when ``touch``) and free every other one: the blocks left
+    between them keep the holes from merging into the top and being trimmed. Returns the blocks left."""
     blocks = [libc.malloc(_MIB) for _ in range(2 * _BLOCKS)]
+    if touch:
+        for p in blocks:
+            ctypes.memset(p, 1, _MIB)  # resident, as used buffers are
     for p in blocks[::2]:
         libc.free(p)
+    return blocks[1::2]
+
+
+def churn_megabytes() -> int:
+    """In the process it runs in, after :func:`_raise_threshold`: the growth of glibc's free bytes over
+    :func:`_free_every_other`, 48 MiB when the blocks came from an arena, about nothing when each had its own
+    mapping."""
+    libc = _libc()
+    _raise_threshold(libc)
+    before = glibc_bytes()
+    kept = _free_every_other(libc, touch=False)
     after = glibc_bytes()
-    assert after is not None
-    for p in blocks[1::2]:
+    for p in kept:
         libc.free(p)
+    assert before is not None and after is not None
     return after[1] - before[1]
 
 
@@ -85,22 +104,13 @@ def held_then_released_megabytes() -> tuple[float, float]:
     buffers are), then :func:`release_unused`. Returns the anonymous memory (MB) before and after it."""
     from superfile.allocator import release_unused
 
-    libc = ctypes.CDLL("libc.so.6")
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    start = glibc_bytes()
-    assert start is not None
-    libc.free(libc.malloc(start[1] + _MIB))  # raises the dynamic threshold: megabyte blocks come from the arena
-    blocks = [libc.malloc(_MIB) for _ in range(2 * _BLOCKS)]
-    for p in blocks:
-        ctypes.memset(p, 1, _MIB)  # resident, as used buffers are
-    for p in blocks[::2]:
-        libc.free(p)
+    libc = _libc()
+    _raise_threshold(libc)
+    kept = _free_every_other(libc, touch=True)
     before = _anon_mb()
     release_unused()
     after = _anon_mb()
-    for p in blocks[1::2]:
+    for p in kept:
         libc.free(p)
     return before, after
 
