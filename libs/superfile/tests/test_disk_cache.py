@@ -306,3 +306,47 @@ def test_concurrent_unverified_cold_readers_agree(s3_vector_table: tuple[str, in
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda _: [a.to_pylist() for a in _answers(conn)], range(4)))
     assert all(g == want for g in got)
+
+
+def test_a_copy_reopened_past_the_open_budget_is_not_checked_whole_again(
+    s3_table: tuple[str, pa.Table], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the open-superfile budget every read reopens its superfiles. The first open of a copy checks it
+    whole (every section's checksum); a reopen checks the footer against the manifest only, unless the copy
+    was discarded (found damaged) and downloaded again."""
+    import zlib
+
+    from superfile.table.snapshot import open_readers, set_open_budget
+
+    uri, rows = s3_table
+    hashed: list[int] = []
+    crc32 = zlib.crc32
+
+    def counting(data: object, value: int = 0) -> int:
+        hashed.append(len(memoryview(data)))  # type: ignore[arg-type]
+        return crc32(data, value)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(zlib, "crc32", counting)
+    limits = open_readers().limits
+    set_open_budget(1, limits[1])  # every open evicts the others: each read reopens its superfiles
+    try:
+        table = superfile.connect(uri, cache_dir=str(tmp_path)).open_table("t")
+        sizes = [e.size for e in table._snapshot.entries()]
+        copies = sum(sizes)
+        assert table.to_arrow(["id", "text"]).sort_by("id") == rows
+        first = sum(hashed)
+        assert first >= copies * 0.9  # the first opens read every copy whole
+        hashed.clear()
+        for _ in range(3):
+            assert table.to_arrow(["id", "text"]).sort_by("id") == rows
+        assert hashed and max(hashed) < min(sizes) / 4  # footers and the like: no copy hashed whole
+        assert sum(hashed) < copies  # three reads, twelve reopens, less than one first read hashed
+        hashed.clear()
+        cache, storage = table.files.disk_cache, table.files.storage
+        assert cache is not None
+        entry = table._snapshot.entries()[0]
+        assert cache.verified(cache.path(storage, entry.path))
+        cache.discard(storage, entry.path)  # found damaged: the next download is checked whole again
+        assert not cache.verified(cache.fetch(storage, entry.path, entry.size))
+    finally:
+        set_open_budget(*limits)

@@ -101,6 +101,7 @@ class DiskCache:
         self._mapped: dict[str, list[_Mapping]] = {}  # copy -> this process's mappings of it (memory budget)
         self.prefetch = True  # fill a copy opened by open_filling in the background (else only what is read)
         self.ranged_bytes = 0  # bytes fetched by ranged reads for readers of filling copies
+        self._verified: set[tuple[str, int, int]] = set()  # copies checked whole here: (path, inode, size)
 
     def path(self, storage: Storage, key: str) -> str:
         """Where the copy of ``key`` in ``storage`` lives (whether or not it is there)."""
@@ -147,6 +148,7 @@ class DiskCache:
         with self._guard:
             self.fetches += 1
             self._touched[local] = time.monotonic()
+            self._verified = {v for v in self._verified if v[0] != local}
         self.evict(keep=local)
 
     def count_ranged(self, nbytes: int) -> None:
@@ -156,8 +158,29 @@ class DiskCache:
 
     def discard(self, storage: Storage, key: str) -> None:
         """Remove the copy of ``key`` (one found damaged); the next :meth:`fetch` downloads it again."""
+        local = self.path(storage, key)
+        with self._guard:
+            self._verified = {v for v in self._verified if v[0] != local}
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path(storage, key))
+            os.unlink(local)
+
+    def verified(self, local: str) -> bool:
+        """Whether this process checked the copy at ``local`` whole (every checksum) since it was put there.
+        A reopen need not read it all again: past the open-superfile budget every query reopens superfiles,
+        each whole check reads the copy (zlib's CRC-32: ~0.3 ms a MB here), and the soak's gateway went from
+        0.05 to 0.30 cores in the minute its table outgrew that budget (``BENCHMARKS.md``, "Soak"). A copy
+        this process discarded or downloaded since is checked anew; one another process replaced is a new
+        inode, unless the file system reused the old one (the footer is still checked against the manifest)."""
+        identity = _identity(local)
+        with self._guard:
+            return identity is not None and identity in self._verified
+
+    def mark_verified(self, local: str) -> None:
+        """Record that the copy at ``local`` was just checked whole (:meth:`verified`)."""
+        identity = _identity(local)
+        if identity is not None:
+            with self._guard:
+                self._verified.add(identity)
 
     def evict(self, keep: str | None = None) -> None:
         """Remove the least recently used copies until the rest fit the budget (``keep`` stays)."""
@@ -183,8 +206,9 @@ class DiskCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             total -= size
-        with self._guard:  # forget the uses of copies that are gone
+        with self._guard:  # forget the uses and checks of copies that are gone
             self._touched = {p: t for p, t in self._touched.items() if p in kept}
+            self._verified = {v for v in self._verified if v[0] in kept}
 
     def usage(self) -> tuple[int, int]:
         """Copies in the directory and their bytes (every table's and process's)."""
@@ -377,3 +401,12 @@ def _runs(blocks: list[int], most: int | None = None) -> list[tuple[int, int]]:
         else:
             runs.append((b, b))
     return runs
+
+
+def _identity(local: str) -> tuple[str, int, int] | None:
+    """A copy's path, inode and size (None if it is gone): what tells one download of it from the next."""
+    try:
+        st = os.stat(local)
+    except FileNotFoundError:
+        return None
+    return local, st.st_ino, st.st_size

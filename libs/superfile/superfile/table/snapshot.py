@@ -301,18 +301,27 @@ class TableFiles:
         key = (self._owner, entry.path)
 
         def opened(
-            source: str | bytes | pa.Buffer, ensure: Callable[[int, int], None] | None = None
+            source: str | bytes | pa.Buffer, ensure: Callable[[int, int], None] | None = None, verify: bool = True
         ) -> SuperfileReader:
             reader = SuperfileReader.open(
                 source,
                 name=f"{self.storage.uri.rstrip('/')}/{entry.path}",
-                verify=self.verify,
+                verify=self.verify and verify,
                 cache_dir=self.cache_dir,
                 expected_footer_crc32=entry.footer_crc32,
                 ensure=ensure,
                 handles=2 if isinstance(source, pa.Buffer) else None,  # a disk-cache copy: an mmap and its fd
             )
             reader.on_grow = functools.partial(self._readers.charge, key)  # no cycle: freed once evicted and unused
+            return reader
+
+        def from_copy(cache: DiskCache, local: str) -> SuperfileReader:
+            """A reader of a whole local copy, checked whole only the first time this process opens it (the
+            footer, against the manifest, every time: ``DiskCache.verified``)."""
+            check = self.verify and not cache.verified(local)
+            reader = opened(cache.map(local), verify=check)
+            if check:
+                cache.mark_verified(local)
             return reader
 
         def load() -> SuperfileReader:
@@ -327,10 +336,10 @@ class TableFiles:
                     # nothing to check whole: read the ranges a query needs while the copy downloads
                     return opened(*cache.open_filling(self.storage, entry.path, entry.size))
                 try:
-                    return opened(cache.map(cache.fetch(self.storage, entry.path, entry.size)))
+                    return from_copy(cache, cache.fetch(self.storage, entry.path, entry.size))
                 except CorruptSuperfileError:  # a damaged local copy: fetch it once more (the object may be fine)
                     cache.discard(self.storage, entry.path)
-                    return opened(cache.map(cache.fetch(self.storage, entry.path, entry.size)))
+                    return from_copy(cache, cache.fetch(self.storage, entry.path, entry.size))
             except OSError as e:  # the cache directory cannot take it (full, removed): read it as without a cache
                 log.warning("disk cache %s: %s; reading %s into memory", cache.directory, e, entry.path)
                 return opened(self.storage.read(entry.path))
