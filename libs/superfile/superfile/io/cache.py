@@ -101,7 +101,7 @@ class DiskCache:
         self._mapped: dict[str, list[_Mapping]] = {}  # copy -> this process's mappings of it (memory budget)
         self.prefetch = True  # fill a copy opened by open_filling in the background (else only what is read)
         self.ranged_bytes = 0  # bytes fetched by ranged reads for readers of filling copies
-        self._verified: set[tuple[str, int, int]] = set()  # copies checked whole here: (path, inode, size)
+        self._verified: dict[str, tuple[int, int]] = {}  # copies checked whole here: path -> (inode, size)
 
     def path(self, storage: Storage, key: str) -> str:
         """Where the copy of ``key`` in ``storage`` lives (whether or not it is there)."""
@@ -148,7 +148,7 @@ class DiskCache:
         with self._guard:
             self.fetches += 1
             self._touched[local] = time.monotonic()
-            self._verified = {v for v in self._verified if v[0] != local}
+            self._verified.pop(local, None)
         self.evict(keep=local)
 
     def count_ranged(self, nbytes: int) -> None:
@@ -160,7 +160,7 @@ class DiskCache:
         """Remove the copy of ``key`` (one found damaged); the next :meth:`fetch` downloads it again."""
         local = self.path(storage, key)
         with self._guard:
-            self._verified = {v for v in self._verified if v[0] != local}
+            self._verified.pop(local, None)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(local)
 
@@ -173,14 +173,14 @@ class DiskCache:
         inode, unless the file system reused the old one (the footer is still checked against the manifest)."""
         identity = _identity(local)
         with self._guard:
-            return identity is not None and identity in self._verified
+            return identity is not None and self._verified.get(local) == identity
 
     def mark_verified(self, local: str) -> None:
         """Record that the copy at ``local`` was just checked whole (:meth:`verified`)."""
         identity = _identity(local)
         if identity is not None:
             with self._guard:
-                self._verified.add(identity)
+                self._verified[local] = identity
 
     def evict(self, keep: str | None = None) -> None:
         """Remove the least recently used copies until the rest fit the budget (``keep`` stays)."""
@@ -208,7 +208,7 @@ class DiskCache:
             total -= size
         with self._guard:  # forget the uses and checks of copies that are gone
             self._touched = {p: t for p, t in self._touched.items() if p in kept}
-            self._verified = {v for v in self._verified if v[0] in kept}
+            self._verified = {p: v for p, v in self._verified.items() if p in kept}
 
     def usage(self) -> tuple[int, int]:
         """Copies in the directory and their bytes (every table's and process's)."""
@@ -403,10 +403,10 @@ def _runs(blocks: list[int], most: int | None = None) -> list[tuple[int, int]]:
     return runs
 
 
-def _identity(local: str) -> tuple[str, int, int] | None:
-    """A copy's path, inode and size (None if it is gone): what tells one download of it from the next."""
+def _identity(local: str) -> tuple[int, int] | None:
+    """A copy's inode and size (None if it is gone): what tells one download of it from the next."""
     try:
         st = os.stat(local)
     except FileNotFoundError:
         return None
-    return local, st.st_ino, st.st_size
+    return st.st_ino, st.st_size
