@@ -133,3 +133,49 @@ def test_release_unused_hands_back_what_the_arenas_hold_free() -> None:
     )
     before, after = map(float, out.stdout.split())
     assert before - after >= _BLOCKS // 2, (before, after)  # 48 MB held free; most of it goes back
+
+
+def top_left_megabytes(bounded: bool) -> float:
+    """In the process it runs in (after :func:`~superfile.allocator.bound_arenas` when ``bounded``): a thread of
+    its own allocates 40 touched MiB from its arena and frees them, which leaves them free at the arena's top,
+    then :func:`release_unused`. Returns the anonymous memory (MB) that stays."""
+    import threading
+
+    from superfile.allocator import bound_arenas, release_unused
+
+    libc = _libc()
+    if bounded:
+        assert bound_arenas()
+    else:
+        libc.free(libc.malloc(24 * _MIB))  # a mapped block: the dynamic threshold rises to 24 MiB, its trim to 48
+    base = _anon_mb()
+
+    def churn() -> None:
+        blocks = [libc.malloc(_MIB) for _ in range(40)]
+        for p in blocks:
+            ctypes.memset(p, 1, _MIB)
+        for p in reversed(blocks):  # top first: each free merges into the top
+            libc.free(p)
+
+    worker = threading.Thread(target=churn)
+    worker.start()
+    worker.join()
+    release_unused()
+    return _anon_mb() - base
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+def test_a_thread_arena_hands_back_its_top_only_when_bounded(bounded: bool) -> None:
+    """The builder's step after a large commit: ``malloc_trim`` leaves a thread arena's top alone, and glibc's
+    dynamic trim threshold lets it hold tens of MB; :func:`bound_arenas` (the builder, at start) bounds it."""
+    import subprocess
+
+    code = f"import test_allocator as t; print(t.top_left_megabytes({bounded}))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True, text=True, check=True
+    )
+    left = float(out.stdout)
+    if bounded:
+        assert left <= 12, left  # at most the 8 MiB trim threshold stays
+    else:
+        assert left >= 30, left  # the control: if this fails, glibc changed and the bounded case proves nothing

@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 import superfile
+from superfile.allocator import bound_arenas
 from superfile.connection import Connection
 from superfile.io.cache import DEFAULT_BUDGET_BYTES
 from superfile.maintenance import CompactionPolicy, Compactor
@@ -177,6 +178,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    bound_arenas()  # before the pipelines' threads: what their commits free goes back (docs/builder.md, "Memory")
     config = PipelineConfig(
         kafka=args.kafka,
         commit_rows=args.commit_rows,
