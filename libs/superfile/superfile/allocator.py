@@ -4,8 +4,9 @@ that hand back their tops, :func:`bound_arenas`, and :func:`release_unused` ever
 threshold fixed at 128 KiB made its commits 25% slower, and they are the freshness path; ``docs/builder.md``,
 "Memory").
 
-Two allocators kept memory the process had freed, and so grew the anonymous memory of the soak's builder and
-of its compaction process by about 12 MB a minute each (``BENCHMARKS.md``, "Soak"):
+Three things kept memory the process had freed (``BENCHMARKS.md``, "Soak"). Two grew the anonymous memory of
+the soak's builder and of its compaction process by about 12 MB a minute each; one raised the builder's by
+~170 MB for good, after a commit larger than the rest:
 
 - **glibc's dynamic mmap threshold.** A block of at least ``M_MMAP_THRESHOLD`` (128 KiB at start) gets a
   mapping of its own, unmapped when freed. But freeing such a block raises the threshold to its size (up to
@@ -17,8 +18,8 @@ of its compaction process by about 12 MB a minute each (``BENCHMARKS.md``, "Soak
 - **The tops of the arenas other than the main one.** ``malloc_trim`` returns the free pages inside every
   arena, but the free space at the top of a thread's arena only goes back when a free leaves more than the
   trim threshold there, and the dynamic threshold raises that to twice the mmap threshold (up to 64 MiB),
-  per arena. One 10,000-row commit among 2,000-row ones left the builder 150-170 MB bigger for good (glibc
-  held 245-275 MB free after ``release_unused``): the soak's step after its first long compaction wait.
+  per arena. One 10,000-row commit among 2,000-row ones left a process 100-170 MB bigger for good, however
+  often ``release_unused`` ran: the soak's step after its first long compaction wait.
   :func:`bound_arenas` keeps the blocks the dynamic threshold would serve from the arenas there, but in two
   arenas whose tops go back past 8 MiB: the same sequence then stayed at its floor, commits as fast.
 - **Arrow's memory pools.** mimalloc (pyarrow's default pool) and jemalloc (the decode pool) keep freed pages
@@ -88,8 +89,8 @@ def bound_arenas(arenas: int = _ARENAS, trim_bytes: int = _TRIM_THRESHOLD) -> bo
     ``trim_bytes`` (setting these turns the dynamic adjustment off, which would raise the trim threshold to
     64 MiB per arena). Call it before the threads that allocate start. Returns whether it was set.
 
-    Measured on 2,000-row commits with text and 384-d vectors around one of 10,000 rows: anonymous memory
-    183-192 MB after it against 347-351 MB at glibc's defaults, commits 102-105 ms against 103-109 ms."""
+    ``bench/commit_memory.py``, 2,000-row commits with text and 384-d vectors around one of 10,000 rows:
+    anonymous memory 172-191 MB after it against 289-351 MB at glibc's defaults, commits as fast."""
     libc = _glibc()
     settings = ((_M_ARENA_MAX, arenas), (_M_MMAP_THRESHOLD, _ARENA_BLOCKS), (_M_TRIM_THRESHOLD, trim_bytes))
     return libc is not None and all(libc.mallopt(param, value) == 1 for param, value in settings)
