@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from superfile.errors import (
+    InvalidTableNameError,
     NamespaceExistsError,
     NamespaceNotEmptyError,
     NamespaceNotFoundError,
@@ -130,12 +131,9 @@ class TableRoot:
         self.storage.delete(NAMESPACES + name)
 
     def _tables(self) -> list[str]:
-        suffix = "/" + POINTER
-        return [
-            info.path[: -len(suffix)]
-            for info in self.storage.list("")
-            if info.path.endswith(suffix) and info.path.count("/") == 1
-        ]
+        """The folders at the root holding a table pointer: one listing of folder names and a look-up per
+        folder, never a listing of every table's files (a builder looks for new tables every few seconds)."""
+        return [name for name in self.storage.folders() if _is_name(name) and self.storage.exists(f"{name}/{POINTER}")]
 
     def _namespaces(self) -> list[str]:
         return [info.path[len(NAMESPACES) :] for info in self.storage.list(NAMESPACES)]
@@ -156,3 +154,12 @@ class TableRoot:
                 f"{FORMAT_VERSION}: run `superfile upgrade {self.uri} {name}` (or Connection.upgrade_table) once"
             )
         return Supertable(name, files, Snapshot(files, pointer.manifest, manifest), consistency=consistency)
+
+
+def _is_name(name: str) -> bool:
+    """Whether a folder at the root can be a table's (a stray folder with another name is not looked up)."""
+    try:
+        check_name(name)
+    except InvalidTableNameError:
+        return False
+    return True

@@ -85,6 +85,22 @@ def test_list_is_a_key_prefix(storage_uri: str) -> None:
     assert {info.path: info.size for info in store.list("b")} == {"b/4": 3}
 
 
+def test_folders_are_the_direct_children_holding_objects(storage_uri: str) -> None:
+    store = from_uri(storage_uri)
+    for key in ["a/1", "a/deep/2", "ab/3", "top", "c/d/e"]:
+        store.write(key, key.encode())
+    assert store.folders() == ("a", "ab", "c")
+    assert store.folders("a/") == ("deep",)
+    assert store.folders("c/") == ("d",)
+    assert store.folders("zzz/") == ()
+    store.delete("ab/3")  # a folder is its objects: once they are gone, so is it (on disk too)
+    assert store.folders() == ("a", "c")
+    with pytest.raises(InvalidInputError):
+        store.folders("a")  # not a folder
+    with pytest.raises(InvalidInputError):
+        store.folders("../")
+
+
 def test_read_range_is_exact(storage_uri: str) -> None:
     store = from_uri(storage_uri)
     data = bytes(range(256)) * 4

@@ -204,6 +204,26 @@ def test_table_catalog(storage_uri: str, cranfield: pa.Table) -> None:
         db.drop_table("b")
 
 
+def test_finding_tables_lists_no_table_files(cranfield: pa.Table, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A builder looks for new tables every few seconds: that costs one listing of the root's folder names,
+    not a listing of every table's superfiles and manifests."""
+    from superfile.io.memory import MemoryStorage
+
+    uri = "memory://finding-tables"
+    db = superfile.connect(uri)
+    for name in ("b", "a"):
+        create_docs(db, name, cranfield.schema).append(cranfield.slice(0, 5))
+    root = from_uri(uri)
+    root.write("stray/notes.txt", b"not a table")  # a folder without a pointer
+    root.write("odd name!/_pointer.json", b"{}")  # not a table name: never looked up
+
+    def no_listing(self: MemoryStorage, prefix: str = "") -> Any:
+        raise AssertionError(f"listed every object under {prefix!r}")
+
+    monkeypatch.setattr(MemoryStorage, "list", no_listing)
+    assert db.table_names() == ["a", "b"]
+
+
 def _run_workers(uri: str, workers: int, appends: int, rows: int) -> list[str]:
     procs = [
         subprocess.Popen(

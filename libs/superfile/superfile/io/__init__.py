@@ -72,6 +72,11 @@ class Storage(Protocol):
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
 
+    def folders(self, prefix: str = "") -> tuple[str, ...]:
+        """The names of the folders directly in ``prefix`` ("" or a key ending in ``/``) that hold objects,
+        sorted: one listing of names, not of every object below them (S3's delimited listing)."""
+        ...
+
     def local_path(self, path: str) -> str | None: ...
 
     def child(self, prefix: str) -> Storage: ...
@@ -134,6 +139,13 @@ def check_prefix(prefix: str) -> str:
     if prefix:
         check_key(prefix[:-1] if prefix.endswith("/") else prefix)
     return prefix
+
+
+def check_folder(prefix: str) -> str:
+    """Validate a folder: empty (the root) or a key followed by ``/``."""
+    if prefix and not prefix.endswith("/"):
+        raise InvalidInputError(f"a folder is empty or ends with '/', got {prefix!r}")
+    return check_prefix(prefix)
 
 
 def check_range(offset: int, length: int) -> None:

@@ -25,7 +25,7 @@ from superfile.errors import (
     ShortReadError,
     StorageError,
 )
-from superfile.io import ObjectInfo, bool_option, check_key, check_prefix, check_range
+from superfile.io import ObjectInfo, bool_option, check_folder, check_key, check_prefix, check_range
 
 __all__ = ["LocalStorage", "StagedWrite"]
 
@@ -34,6 +34,11 @@ _TMP_SUFFIX = ".sftmp"
 
 def _etag(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()
+
+
+def _holds_objects(directory: str) -> bool:
+    """Whether a directory holds an object at any depth (a drop or a cleanup may leave it empty)."""
+    return any(not _is_temp(name) for _, _, names in os.walk(directory) for name in names)
 
 
 def _is_temp(name: str) -> bool:
@@ -314,6 +319,15 @@ class LocalStorage:
                 found.append(ObjectInfo(rel, st.st_size, st.st_mtime))
         found.sort(key=lambda info: info.path)
         yield from found
+
+    def folders(self, prefix: str = "") -> tuple[str, ...]:
+        check_folder(prefix)
+        start = os.path.join(self._root, *prefix.rstrip("/").split("/")) if prefix else self._root
+        try:
+            entries = list(os.scandir(start))
+        except (FileNotFoundError, NotADirectoryError):
+            return ()
+        return tuple(sorted(e.name for e in entries if e.is_dir() and _holds_objects(e.path)))
 
     def local_path(self, path: str) -> str | None:
         return self._path(path)

@@ -19,7 +19,7 @@ from superfile.errors import (
     PreconditionFailedError,
     ShortReadError,
 )
-from superfile.io import ObjectInfo, check_key, check_prefix, check_range
+from superfile.io import ObjectInfo, check_folder, check_key, check_prefix, check_range
 
 __all__ = ["MemoryStorage"]
 
@@ -134,6 +134,12 @@ class MemoryStorage:
             items = [(k, o) for k, o in self._store.objects.items() if k.startswith(base + prefix)]
         for key, obj in sorted(items, key=lambda item: item[0]):
             yield ObjectInfo(key[len(base) :], len(obj.data), obj.mtime)
+
+    def folders(self, prefix: str = "") -> tuple[str, ...]:
+        start = (f"{self._root}/" if self._root else "") + check_folder(prefix)
+        with self._store.lock:
+            keys = [k[len(start) :] for k in self._store.objects if k.startswith(start)]
+        return tuple(sorted({k.partition("/")[0] for k in keys if "/" in k}))
 
     def local_path(self, path: str) -> str | None:
         check_key(path)

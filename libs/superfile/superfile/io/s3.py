@@ -42,7 +42,7 @@ from superfile.errors import (
     ShortReadError,
     StorageError,
 )
-from superfile.io import ObjectInfo, bool_option, check_key, check_prefix, check_range
+from superfile.io import ObjectInfo, bool_option, check_folder, check_key, check_prefix, check_range
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -358,6 +358,17 @@ class S3Storage:
             for page in pages:
                 for obj in page.get("Contents", []):
                     yield ObjectInfo(obj["Key"][len(base) :], obj["Size"], obj["LastModified"].timestamp())
+
+    def folders(self, prefix: str = "") -> tuple[str, ...]:
+        start = (f"{self._prefix}/" if self._prefix else "") + check_folder(prefix)
+        names: list[str] = []
+        with self._errors("LIST", prefix or "."):
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self._bucket, Prefix=start, Delimiter="/"
+            )
+            for page in pages:
+                names += [p["Prefix"][len(start) : -1] for p in page.get("CommonPrefixes", [])]
+        return tuple(sorted(names))
 
     def local_path(self, path: str) -> str | None:
         check_key(path)
