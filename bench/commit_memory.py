@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -36,13 +37,6 @@ CONFIGS: dict[str, tuple[bool, str]] = {
 }
 
 
-def _anon_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no RssAnon in /proc/self/status")
-
-
 def child(bounded: bool, small: int, big: int) -> None:
     """One configuration's run; prints one JSON line."""
     from superfile.allocator import bound_arenas, release_unused
@@ -50,7 +44,7 @@ def child(bounded: bool, small: int, big: int) -> None:
     if bounded:
         assert bound_arenas()
     import superfile
-    from soak import Rows
+    from soak import Rows, _memory
 
     rows = Rows()
     table = superfile.connect(f"file://{tempfile.mkdtemp(prefix='commit-memory-')}").create_table(
@@ -66,7 +60,9 @@ def child(bounded: bool, small: int, big: int) -> None:
             publisher.submit(table.append, batch).result()
             took.append(time.perf_counter() - start)
             release_unused()
-            anon.append(_anon_mb())
+            memory = _memory(os.getpid())
+            assert memory is not None
+            anon.append(memory[1])
         out[phase] = {"anon_mb": median(anon), "commit_ms": 1000 * median(took)}
     print(json.dumps(out))
 

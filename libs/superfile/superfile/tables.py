@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 from superfile.errors import (
-    InvalidTableNameError,
     NamespaceExistsError,
     NamespaceNotEmptyError,
     NamespaceNotFoundError,
@@ -33,7 +32,7 @@ from superfile.manifest.model import FORMAT_VERSION, now_ms
 from superfile.manifest.store import POINTER
 from superfile.table import Supertable
 from superfile.table.snapshot import Fanout, Snapshot, TableFiles
-from superfile.validate import check_name, namespace_of
+from superfile.validate import check_name, is_name, namespace_of
 
 __all__ = ["NAMESPACES", "TableRoot"]
 
@@ -133,7 +132,7 @@ class TableRoot:
     def _tables(self) -> list[str]:
         """The folders at the root holding a table pointer: one listing of folder names and a look-up per
         folder, never a listing of every table's files (a builder looks for new tables every few seconds)."""
-        return [name for name in self.storage.folders() if _is_name(name) and self.storage.exists(f"{name}/{POINTER}")]
+        return [name for name in self.storage.folders() if is_name(name) and self.storage.exists(f"{name}/{POINTER}")]
 
     def _namespaces(self) -> list[str]:
         return [info.path[len(NAMESPACES) :] for info in self.storage.list(NAMESPACES)]
@@ -154,12 +153,3 @@ class TableRoot:
                 f"{FORMAT_VERSION}: run `superfile upgrade {self.uri} {name}` (or Connection.upgrade_table) once"
             )
         return Supertable(name, files, Snapshot(files, pointer.manifest, manifest), consistency=consistency)
-
-
-def _is_name(name: str) -> bool:
-    """Whether a folder at the root can be a table's (a stray folder with another name is not looked up)."""
-    try:
-        check_name(name)
-    except InvalidTableNameError:
-        return False
-    return True

@@ -9,7 +9,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +25,7 @@ __all__ = [
     "check_seconds",
     "check_version",
     "create_schema",
+    "is_name",
     "namespace_of",
     "table_options",
     "to_ms",
@@ -43,12 +44,17 @@ def check_name(name: object, what: str = "table") -> str:
     ``team``), each 1-128 letters, digits, '_' or '-' starting with a letter or digit, matched in full
     ("a\\n" is not "a"). The whole name is one storage path component (no '/', no empty or dot-only part),
     so no name can leave its table's storage prefix."""
-    if not isinstance(name, str) or len(name) > 255 or not _NAME.fullmatch(name):
+    if not is_name(name):
         raise InvalidTableNameError(
             f"invalid {what} name {name!r}: use up to 8 dot-separated parts of 1-128 letters, digits, '_' or '-', "
             "each starting with a letter or digit"
         )
     return name
+
+
+def is_name(name: object) -> TypeGuard[str]:
+    """Whether ``name`` is a valid table or namespace name (:func:`check_name` without the error)."""
+    return isinstance(name, str) and len(name) <= 255 and _NAME.fullmatch(name) is not None
 
 
 def namespace_of(name: str) -> str | None:

@@ -53,6 +53,18 @@ def _free_every_other(libc: ctypes.CDLL, *, touch: bool) -> list[int]:
     return blocks[1::2]
 
 
+def _in_new_process(printed: str) -> str:
+    """What ``print(<printed>)`` writes in a fresh interpreter with this module imported as ``t``: allocator
+    settings and thresholds are per process, so each measurement gets its own."""
+    import subprocess
+
+    code = f"import test_allocator as t; print({printed})"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True, text=True, check=True
+    )
+    return out.stdout
+
+
 def churn_megabytes() -> int:
     """In the process it runs in, after :func:`_raise_threshold`: the growth of glibc's free bytes over
     :func:`_free_every_other`, 48 MiB when the blocks came from an arena, about nothing when each had its own
@@ -90,13 +102,8 @@ def test_compaction_process_returns_the_megabyte_buffers_it_frees(tmp_path: Path
 def test_the_churn_measures_what_it_claims() -> None:
     """The same churn in a process whose threshold moves: the freed blocks stay in the arena (if this fails,
     glibc changed and the test above proves nothing)."""
-    import subprocess
-
-    code = "import test_allocator as t; print(t.churn_megabytes())"
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True, text=True, check=True
-    )
-    assert int(out.stdout) >= _BLOCKS * _MIB // 2, out.stdout
+    out = _in_new_process("t.churn_megabytes()")
+    assert int(out) >= _BLOCKS * _MIB // 2, out
 
 
 def held_then_released_megabytes() -> tuple[float, float]:
@@ -123,15 +130,9 @@ def _anon_mb() -> float:
 
 
 def test_release_unused_hands_back_what_the_arenas_hold_free() -> None:
-    """What the builder does every few seconds after a commit (it keeps glibc's dynamic threshold: the freed
-    megabyte buffers of its commits stay in the arenas until handed back)."""
-    import subprocess
-
-    code = "import test_allocator as t; print(*t.held_then_released_megabytes())"
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True, text=True, check=True
-    )
-    before, after = map(float, out.stdout.split())
+    """What the builder does every few seconds after a commit (the freed megabyte buffers of its commits stay
+    free in the arenas until handed back)."""
+    before, after = map(float, _in_new_process("*t.held_then_released_megabytes()").split())
     assert before - after >= _BLOCKS // 2, (before, after)  # 48 MB held free; most of it goes back
 
 
@@ -168,13 +169,7 @@ def top_left_megabytes(bounded: bool) -> float:
 def test_a_thread_arena_hands_back_its_top_only_when_bounded(bounded: bool) -> None:
     """The builder's step after a large commit: ``malloc_trim`` leaves a thread arena's top alone, and glibc's
     dynamic trim threshold lets it hold tens of MB; :func:`bound_arenas` (the builder, at start) bounds it."""
-    import subprocess
-
-    code = f"import test_allocator as t; print(t.top_left_megabytes({bounded}))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True, text=True, check=True
-    )
-    left = float(out.stdout)
+    left = float(_in_new_process(f"t.top_left_megabytes({bounded})"))
     if bounded:
         assert left <= 12, left  # at most the 8 MiB trim threshold stays
     else:
