@@ -139,6 +139,24 @@ def test_lost_and_refused_leaf_answers_go_to_the_next_node(
     assert _counter("superfile_query_leaf_retries_total") > retries
 
 
+def test_a_round_tries_every_node_before_the_next(nodes: list[tuple[Server, FaultyHttpProxy]]) -> None:
+    """After a failure a share goes to the live nodes not tried in this round, then to any node not tried:
+    a node marked down (here its health check is refused; elsewhere another read's failure did it) still
+    gets its turn. Before, a round ended at the live nodes, so a health check reviving the failed ones while
+    a third stayed marked down sent the share round the failing ones until the read failed (a CI flake)."""
+    a, b, c = (p for _, p in nodes)
+    b.faults = Faults(refuse=1.0, match=lambda r: r.path == "/healthz")
+    fleet = Fleet([p.endpoint for p in (a, b, c)], token=TOKEN, check_s=3600)
+    try:
+        assert [m.healthy for m in fleet.members()] == [True, False, True]
+        assert fleet._untried(frozenset({a.endpoint})) == [c.endpoint]  # live ones first
+        assert fleet._untried(frozenset({a.endpoint, c.endpoint})) == [b.endpoint]
+        assert fleet._untried(frozenset({a.endpoint, b.endpoint, c.endpoint})) == []
+    finally:
+        fleet.close()
+        b.faults = Faults(match=_leaf)
+
+
 def test_a_slow_node_is_hedged_after_the_p95(
     root_dir: Path, nodes: list[tuple[Server, FaultyHttpProxy]], root: Any
 ) -> None:

@@ -228,6 +228,14 @@ class Fleet:
         healthy = [m.url for m in members if m.healthy]
         return healthy or [m.url for m in members]
 
+    def _untried(self, tried: frozenset[str]) -> list[str]:
+        """The nodes a share goes to next in this round: the live ones not tried yet, else any not tried yet.
+        A round ends only once every node was tried: a node the health check revived is not tried twice while
+        another, marked down by some other read's failure, is skipped."""
+        members = self.members()
+        untried = [m.url for m in members if m.url not in tried]
+        return [m.url for m in members if m.healthy and m.url not in tried] or untried
+
     def _resting(self, url: str) -> bool:
         """Slow (it lost hedges) or away (failed, its share kept for a while): its share is read by the next node."""
         return url in self._away or self._slow_until.get(url, 0.0) > time.monotonic()
@@ -380,12 +388,12 @@ class Fleet:
         args_json: str | None,
         error: _NoAnswer,
     ) -> list[Any]:
-        """``url`` gave no answer for ``paths``: mark it down and send them on, by rendezvous over the live
-        nodes not tried yet; once every node was tried, up to ``_ROUNDS`` rounds over all of them again, with
-        a pause between."""
+        """``url`` gave no answer for ``paths``: mark it down and send them on, by rendezvous over the nodes
+        not tried yet (:meth:`_untried`); once every node was tried, up to ``_ROUNDS`` rounds over all of them
+        again, with a pause between."""
         self._down(url)
         tried = tried | {url}
-        rest = [u for u in self._live() if u not in tried]
+        rest = self._untried(tried)
         if not rest and round_ + 1 < _ROUNDS:
             time.sleep(min(0.05 * 2**round_, max(0.0, deadline - time.monotonic())))
             tried, rest, round_ = frozenset(), [m.url for m in self.members()], round_ + 1
