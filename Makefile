@@ -81,7 +81,7 @@ pytest: install-test
 test: lint typecheck pytest
 
 bench: install-test
-	$(BIN)/pip install -q lancedb
+	$(BIN)/pip install -q lancedb pylance
 	$(BIN)/python bench/append_bench.py
 
 # The whole service suite as local processes on 127.0.0.1 (broker, S3 server, Redis, builder, three cache nodes,

@@ -39,6 +39,7 @@ from superfile.errors import (
     VersionNotFoundError,
 )
 from superfile.io import from_uri
+from superfile.io.local import LocalStorage
 from superfile.table import optimize as optimize_module
 
 HERE = Path(__file__).resolve().parent
@@ -455,6 +456,48 @@ def test_cleanup_safety_margin_keeps_files_of_a_commit_in_flight(tmp_path: Path)
     assert in_flight <= set(_listing(uri, "t"))
     tx.commit()
     assert sorted({r["seq"] for r in _rows(t)}) == [0, 1, 2, 3] and t.count_rows() == 20
+
+
+class _CountingReads(LocalStorage):
+    """Local storage counting the reads of each path (one count shared with its children)."""
+
+    def __init__(self, root: str, reads: Counter[str] | None = None) -> None:
+        super().__init__(root, create=reads is None)
+        self.reads: Counter[str] = Counter() if reads is None else reads
+
+    def child(self, prefix: str) -> _CountingReads:
+        return _CountingReads(str(Path(self.local_path(prefix.removesuffix("/")) or "")), self.reads)
+
+    def read(self, path: str) -> bytes:
+        self.reads[path] += 1
+        return super().read(path)
+
+
+def test_cleanup_reads_each_retained_manifest_once_per_process(tmp_path: Path) -> None:
+    """Manifest lists and parts are immutable: a second cleanup marks the versions the first retained from
+    what the first read, and reads only what is new (the builder cleans up every minute, and reading every
+    retained version again was most of each run). What it marks is still complete: a superfile a later
+    optimize left behind goes, every file a retained version names stays."""
+    uri = f"file://{tmp_path}"
+    writer = _small(superfile.connect(uri), level0_max_rows=1000)
+    for seq in range(80):  # more than the manifest lists a handle caches
+        writer.append(batch(0, seq, 5))
+    storage = _CountingReads(str(tmp_path))
+    t = superfile.Connection(uri, storage=storage).open_table("t")
+    first = t.cleanup(datetime.timedelta(days=1))
+    read = {p for p in storage.reads if p.startswith("_manifests/")}
+    assert sum(p.startswith("_manifests/parts/") for p in read) >= 80 and first["files_removed"] == 0
+    storage.reads.clear()
+    writer.append(batch(0, 80, 5))
+    second = t.cleanup(datetime.timedelta(days=1))
+    assert second["retained_versions"] == first["retained_versions"] + 1
+    assert not read & set(storage.reads), "a retained version's list or part was read again"
+    assert {p for p in storage.reads if p.startswith("_manifests/parts/")}, "the new version's part was not read"
+    writer.optimize()
+    done = t.cleanup(0)
+    assert done["removed"]["superfiles"] == 81 and done["retained_versions"] == 1
+    assert set(_listing(uri, "t")) == _reachable(uri, "t")
+    assert writer.count_rows() == 405
 
 
 @pytest.mark.slow

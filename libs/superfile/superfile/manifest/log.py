@@ -42,7 +42,7 @@ __all__ = [
     "newest_first",
     "next_history",
     "oldest_retained",
-    "segment_chain",
+    "segment_paths",
     "set_oldest_retained",
 ]
 
@@ -126,20 +126,19 @@ def next_history(
     return (entry,), path, depth
 
 
-def segment_chain(storage: Storage, ml: ManifestList) -> Iterator[tuple[str, Segment]]:
-    """The segments ``ml`` reaches, newest first."""
-    path = ml.history_segment
+def segment_paths(storage: Storage, newest: str | None) -> Iterator[str]:
+    """The paths of the segment ``newest`` and of those before it, newest first (read as far as iterated)."""
+    path = newest
     while path is not None:
-        seg = _load(storage, path)
-        yield path, seg
-        path = seg.previous
+        yield path
+        path = _load(storage, path).previous
 
 
 def newest_first(storage: Storage, ml: ManifestList) -> Iterator[HistoryEntry]:
     """``ml``'s history from its own version back, reading segments only as far as the caller iterates."""
     yield from reversed(ml.history_tail)
-    for _, seg in segment_chain(storage, ml):
-        yield from reversed(seg.entries)
+    for path in segment_paths(storage, ml.history_segment):
+        yield from reversed(_load(storage, path).entries)
 
 
 def full_history(storage: Storage, ml: ManifestList) -> tuple[HistoryEntry, ...]:

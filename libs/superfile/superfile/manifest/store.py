@@ -317,6 +317,13 @@ class ManifestStore:
             self.parts_fetched += 1
         return entries
 
+    def part_paths(self, path: str) -> tuple[str, ...]:
+        """The superfiles and deletion vectors the part at ``path`` names, read without decoding its entries
+        (their summaries and blooms are most of the work of :meth:`load_part`, and cleanup needs only these)."""
+        raw = pa.CompressedInputStream(pa.BufferReader(self.storage.read(path)), "zstd").read()
+        entries = json.loads(raw)["entries"]
+        return (*(e["path"] for e in entries), *(e["deletes"][0] for e in entries if e.get("deletes")))
+
     def retain_parts(self, named: Collection[str]) -> None:
         """Drop the decoded entries of every part not in ``named`` (under every schema): the parts a table's
         kept versions and live snapshots name (``TableFiles.pinned``). Every small commit rewrites the open part
