@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import random
+import sys
 import threading
 import time
 import uuid
@@ -319,10 +320,12 @@ class ManifestStore:
 
     def part_paths(self, path: str) -> tuple[str, ...]:
         """The superfiles and deletion vectors the part at ``path`` names, read without decoding its entries
-        (their summaries and blooms are most of the work of :meth:`load_part`, and cleanup needs only these)."""
+        (their summaries and blooms are most of the work of :meth:`load_part`, and cleanup needs only these).
+        Interned: the open part is rewritten by every small commit, so retained parts repeat the same paths."""
         raw = pa.CompressedInputStream(pa.BufferReader(self.storage.read(path)), "zstd").read()
         entries = json.loads(raw)["entries"]
-        return (*(e["path"] for e in entries), *(e["deletes"][0] for e in entries if e.get("deletes")))
+        paths = (*(e["path"] for e in entries), *(e["deletes"][0] for e in entries if e.get("deletes")))
+        return tuple(sys.intern(p) for p in paths)
 
     def retain_parts(self, named: Collection[str]) -> None:
         """Drop the decoded entries of every part not in ``named`` (under every schema): the parts a table's
