@@ -40,6 +40,7 @@ from superfile.errors import (
 )
 from superfile.io import from_uri
 from superfile.io.local import LocalStorage
+from superfile.table import cleanup as cleanup_module
 from superfile.table import optimize as optimize_module
 
 HERE = Path(__file__).resolve().parent
@@ -497,6 +498,9 @@ def test_cleanup_reads_each_retained_manifest_once_per_process(tmp_path: Path) -
     done = t.cleanup(0)
     assert done["removed"]["superfiles"] == 81 and done["retained_versions"] == 1
     assert set(_listing(uri, "t")) == _reachable(uri, "t")
+    table_uri = t.files.storage.uri
+    cached = {key.partition("\0")[2] for key in cleanup_module._NAMES if key.partition("\0")[0] == table_uri}
+    assert cached and cached <= _reachable(uri, "t")  # what expired versions named is not kept
     assert writer.count_rows() == 405
 
 

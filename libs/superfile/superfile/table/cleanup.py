@@ -75,7 +75,8 @@ def retained_versions(history: Sequence[HistoryEntry], cutoff_ms: int, oldest: i
 
 # manifest list or part (by storage and path) -> what it names. Both are immutable, so a process that cleans
 # up every minute (the builder) reads each retained version's list and part once, not on every run: decoding
-# them again was most of a cleanup (4 s at 300 retained versions of 20-row commits, bench/cleanup_cost.py)
+# them again was most of a cleanup (5.3 s a run at 300 retained versions of 20-row commits, then 12 ms:
+# bench/cleanup_bench.py). Those of expired versions go at the end of each cleanup (_Marker.forget_unmarked)
 _NAMES = LRU(8192)
 
 
@@ -104,6 +105,12 @@ class _Marker:
     def _cached(self, path: str, load: Callable[[], T]) -> T:
         value, _ = _NAMES.get_or_load(f"{self.storage.uri}\0{path}", load)
         return cast(T, value)
+
+    def forget_unmarked(self) -> None:
+        """Drop this table's cached lists and parts that no version marked now names: expired, they are never
+        marked again (else a table cleaned up every minute filled the cache with them)."""
+        prefix = f"{self.storage.uri}\0"
+        _NAMES.discard(lambda key: not key.startswith(prefix) or key[len(prefix) :] in self.paths)
 
     def version(self, h: HistoryEntry) -> None:
         if h.manifest in self.paths:
@@ -178,6 +185,7 @@ def cleanup(
             marker.version(h)
         seen = newer.version
     marker.parts()
+    marker.forget_unmarked()
     doomed = [i for i in listed if i.path not in marker.paths and i.mtime * 1000 < files_before_ms]
     removed = {kind: 0 for _, kind in _KINDS}
     for info in doomed:
