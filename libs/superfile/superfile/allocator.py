@@ -34,11 +34,20 @@ import ctypes.util
 import functools
 import logging
 import sys
+import threading
+import time
 from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["MMAP_THRESHOLD", "bound_arenas", "fix_mmap_threshold", "glibc_bytes", "release_unused"]
+__all__ = [
+    "MMAP_THRESHOLD",
+    "bound_arenas",
+    "fix_mmap_threshold",
+    "glibc_bytes",
+    "release_periodically",
+    "release_unused",
+]
 
 log = logging.getLogger(__name__)
 
@@ -119,3 +128,20 @@ def release_unused() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def release_periodically(every_s: float = 30.0) -> threading.Thread:
+    """A daemon thread calling :func:`release_unused` every ``every_s``: for a serving process (the gateway),
+    whose reads free what they decode at any time and which has no quiet moment of its own to release in."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(every_s)
+            try:
+                release_unused()
+            except Exception:  # never take the process down for a release
+                log.exception("releasing unused memory failed")
+
+    thread = threading.Thread(target=loop, name="superfile-release", daemon=True)
+    thread.start()
+    return thread

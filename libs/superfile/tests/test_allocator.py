@@ -136,6 +136,34 @@ def test_release_unused_hands_back_what_the_arenas_hold_free() -> None:
     assert before - after >= _BLOCKS // 2, (before, after)  # 48 MB held free; most of it goes back
 
 
+def released_in_the_background_megabytes() -> tuple[float, float]:
+    """In the process it runs in: leave 48 touched megabytes free in glibc's arena, start
+    :func:`release_periodically` (the gateway's, every 50 ms here) and wait up to 5 s for them to go. Returns
+    the anonymous memory (MB) before and after."""
+    import time
+
+    from superfile.allocator import release_periodically
+
+    libc = _libc()
+    _raise_threshold(libc)
+    kept = _free_every_other(libc, touch=True)
+    before = _anon_mb()
+    release_periodically(0.05)
+    deadline = time.monotonic() + 5
+    while before - _anon_mb() < _BLOCKS // 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = _anon_mb()
+    for p in kept:
+        libc.free(p)
+    return before, after
+
+
+def test_a_serving_process_releases_in_the_background() -> None:
+    """The gateway has no quiet moment after a burst of work to release in: a thread does it every 30 s."""
+    before, after = map(float, _in_new_process("*t.released_in_the_background_megabytes()").split())
+    assert before - after >= _BLOCKS // 2, (before, after)
+
+
 def top_left_megabytes(bounded: bool) -> float:
     """In the process it runs in (after :func:`~superfile.allocator.bound_arenas` when ``bounded``): a thread of
     its own allocates 40 touched MiB from its arena and frees them, which leaves them free at the arena's top,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
 import uvicorn
+from superfile.allocator import bound_arenas, release_periodically
 
 from superfile_gateway.app import create_app
 from superfile_gateway.settings import ConfigError, Settings
@@ -40,6 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     settings = replace(settings, host=args.host or settings.host, port=args.port or settings.port)
+    # reads free what they decode at any time: glibc's arenas hand back their tops, and every 30 s what the
+    # allocators keep free goes back (docs/gateway.md, "Memory")
+    bound_arenas(arenas=max(2, os.cpu_count() or 2))
+    release_periodically(30.0)
     serve(settings)
     return 0
 
