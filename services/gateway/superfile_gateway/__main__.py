@@ -21,7 +21,11 @@ __all__ = ["main", "serve"]
 def serve(settings: Settings) -> None:
     """Run uvicorn on ``settings.host:settings.port`` until interrupted. On SIGTERM it stops accepting,
     lets requests in flight finish for ``settings.drain_s``, then cancels what still runs (SQL workers are
-    killed) and exits."""
+    killed) and exits. Both ways to start a gateway (``python -m superfile_gateway``, ``superfile serve``)
+    come here, so both get its memory settings: reads free what they decode at any time, so glibc's arenas
+    hand back their tops, and every 30 s what the allocators keep free goes back (docs/gateway.md, "Memory")."""
+    bound_arenas(arenas=max(2, os.cpu_count() or 2))
+    release_periodically(30.0)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -42,10 +46,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     settings = replace(settings, host=args.host or settings.host, port=args.port or settings.port)
-    # reads free what they decode at any time: glibc's arenas hand back their tops, and every 30 s what the
-    # allocators keep free goes back (docs/gateway.md, "Memory")
-    bound_arenas(arenas=max(2, os.cpu_count() or 2))
-    release_periodically(30.0)
     serve(settings)
     return 0
 
