@@ -310,8 +310,7 @@ class ManifestStore:
         schema reads the same part under its own names)."""
 
         def fetch() -> list[SuperfileEntry]:
-            raw = pa.CompressedInputStream(pa.BufferReader(self.storage.read(ref.path)), "zstd").read()
-            return [SuperfileEntry.from_json(e, schema) for e in json.loads(raw)["entries"]]
+            return [SuperfileEntry.from_json(e, schema) for e in self._part_json(ref.path)]
 
         entries, fetched = self._parts.get_or_load(_part_key(ref.path, schema), fetch)
         if fetched:
@@ -322,10 +321,15 @@ class ManifestStore:
         """The superfiles and deletion vectors the part at ``path`` names, read without decoding its entries
         (their summaries and blooms are most of the work of :meth:`load_part`, and cleanup needs only these).
         Interned: the open part is rewritten by every small commit, so retained parts repeat the same paths."""
-        raw = pa.CompressedInputStream(pa.BufferReader(self.storage.read(path)), "zstd").read()
-        entries = json.loads(raw)["entries"]
+        entries = self._part_json(path)
         paths = (*(e["path"] for e in entries), *(e["deletes"][0] for e in entries if e.get("deletes")))
         return tuple(sys.intern(p) for p in paths)
+
+    def _part_json(self, path: str) -> list[dict[str, Any]]:
+        """The entries of the part at ``path`` as stored: JSON in zstd frames."""
+        raw = pa.CompressedInputStream(pa.BufferReader(self.storage.read(path)), "zstd").read()
+        entries: list[dict[str, Any]] = json.loads(raw)["entries"]
+        return entries
 
     def retain_parts(self, named: Collection[str]) -> None:
         """Drop the decoded entries of every part not in ``named`` (under every schema): the parts a table's
