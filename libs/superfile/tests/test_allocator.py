@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -106,20 +107,25 @@ def test_the_churn_measures_what_it_claims() -> None:
     assert int(out) >= _BLOCKS * _MIB // 2, out
 
 
-def held_then_released_megabytes() -> tuple[float, float]:
+def _held_free_then(release: Callable[[float], None]) -> tuple[float, float]:
     """In the process it runs in: leave 48 touched megabytes free in glibc's arena (as a commit's freed index
-    buffers are), then :func:`release_unused`. Returns the anonymous memory (MB) before and after it."""
-    from superfile.allocator import release_unused
-
+    buffers are), then ``release(anonymous MB before)``. Returns the anonymous memory (MB) before and after."""
     libc = _libc()
     _raise_threshold(libc)
     kept = _free_every_other(libc, touch=True)
     before = _anon_mb()
-    release_unused()
+    release(before)
     after = _anon_mb()
     for p in kept:
         libc.free(p)
     return before, after
+
+
+def held_then_released_megabytes() -> tuple[float, float]:
+    """48 MB left free, then :func:`release_unused`."""
+    from superfile.allocator import release_unused
+
+    return _held_free_then(lambda _: release_unused())
 
 
 def _anon_mb() -> float:
@@ -137,25 +143,19 @@ def test_release_unused_hands_back_what_the_arenas_hold_free() -> None:
 
 
 def released_in_the_background_megabytes() -> tuple[float, float]:
-    """In the process it runs in: leave 48 touched megabytes free in glibc's arena, start
-    :func:`release_periodically` (the gateway's, every 50 ms here) and wait up to 5 s for them to go. Returns
-    the anonymous memory (MB) before and after."""
+    """48 MB left free, then :func:`release_periodically` (the gateway's, every 50 ms here) and up to 5 s for
+    them to go."""
     import time
 
     from superfile.allocator import release_periodically
 
-    libc = _libc()
-    _raise_threshold(libc)
-    kept = _free_every_other(libc, touch=True)
-    before = _anon_mb()
-    release_periodically(0.05)
-    deadline = time.monotonic() + 5
-    while before - _anon_mb() < _BLOCKS // 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    after = _anon_mb()
-    for p in kept:
-        libc.free(p)
-    return before, after
+    def wait_for_release(before: float) -> None:
+        release_periodically(0.05)
+        deadline = time.monotonic() + 5
+        while before - _anon_mb() < _BLOCKS // 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    return _held_free_then(wait_for_release)
 
 
 def test_a_serving_process_releases_in_the_background() -> None:
