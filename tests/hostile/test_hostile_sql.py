@@ -5,9 +5,12 @@ concurrency caps answer 429, a dead worker is replaced, and SIGTERM stops a gate
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -18,6 +21,8 @@ import httpx
 import pyarrow as pa
 import pytest
 import superfile
+from superfile_gateway.admission import Admission
+from superfile_gateway.sql_workers import SqlWorkers
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
 from e2e_support import GatewayProcess, wait_until
@@ -106,31 +111,64 @@ def test_each_hostile_query_ends_at_its_limit_with_a_typed_error(gateway: Gatewa
     assert ok.status_code == 200 and ok.json()["rows"] == [{"n": ROWS}]
 
 
+_PROBE = """
+import json, sys, threading, time
+import httpx
+url, key, search = sys.argv[1], sys.argv[2], sys.argv[3] == "search"
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+timings = {"search_ms": [], "health_ms": []}
+with httpx.Client(base_url=url, headers={"x-api-key": key}, timeout=10) as c:
+    print("ready", flush=True)
+    while not stop.is_set():
+        if search:
+            t = time.perf_counter()
+            r = c.post("/tables/a/search/bm25", json={"column": "text", "query": "lorem row 7", "k": 10})
+            timings["search_ms"].append((time.perf_counter() - t) * 1000)
+            assert r.status_code == 200 and len(r.json()["rows"]) == 10, r.text
+        t = time.perf_counter()
+        assert c.get("/healthz").status_code == 200
+        timings["health_ms"].append((time.perf_counter() - t) * 1000)
+        time.sleep(0.02)
+print(json.dumps(timings))
+"""
+
+
+@contextlib.contextmanager
+def _probing(gw: GatewayProcess, *, search: bool) -> Iterator[dict[str, list[float]]]:
+    """Times another client's searches (if ``search``) and health checks while the block runs, from a fresh
+    process: late in a long suite the test process's own garbage collections pause its threads for hundreds of
+    milliseconds, which a watcher thread here would have counted as the gateway's latency."""
+    probe = subprocess.Popen(
+        [sys.executable, "-c", _PROBE, gw.url, KEYS[4], "search" if search else "health"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert probe.stdout is not None and probe.stdout.readline().strip() == "ready"
+    timings: dict[str, list[float]] = {}
+    try:
+        yield timings
+    finally:
+        out, _ = probe.communicate("", timeout=30)  # stdin closed: the probe stops and reports
+    assert probe.returncode == 0, "the probing client failed (see its traceback above)"
+    timings.update(json.loads(out.splitlines()[-1]))
+
+
 def test_four_at_once_leave_memory_searches_and_health_alone(gateway: GatewayProcess) -> None:
     baseline = _tree_rss(gateway.proc.pid)
-    search_ms: list[float] = []
-    health_ms: list[float] = []
     peak = [baseline]
     done = threading.Event()
 
     def watch() -> None:
-        with httpx.Client(base_url=gateway.url, headers={"x-api-key": KEYS[4]}, timeout=10) as c:
-            while not done.is_set():
-                t = time.perf_counter()
-                r = c.post("/tables/a/search/bm25", json={"column": "text", "query": "lorem row 7", "k": 10})
-                search_ms.append((time.perf_counter() - t) * 1000)
-                assert r.status_code == 200 and len(r.json()["rows"]) == 10
-                t = time.perf_counter()
-                assert c.get("/healthz").status_code == 200
-                health_ms.append((time.perf_counter() - t) * 1000)
-                peak[0] = max(peak[0], _tree_rss(gateway.proc.pid))
-                time.sleep(0.02)
+        while not done.wait(0.02):
+            peak[0] = max(peak[0], _tree_rss(gateway.proc.pid))
 
     watcher = threading.Thread(target=watch)
     watcher.start()
     started = time.monotonic()
     try:
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        with _probing(gateway, search=True) as timings, concurrent.futures.ThreadPoolExecutor(4) as pool:
             queries = [COUNT_FOREVER, CROSS_SORT, COUNT_FOREVER, CROSS_SORT]
             answers = list(pool.map(lambda kq: _sql(gateway, *kq), zip(KEYS, queries, strict=False)))
         elapsed = time.monotonic() - started
@@ -141,6 +179,7 @@ def test_four_at_once_leave_memory_searches_and_health_alone(gateway: GatewayPro
     assert outcomes[0] == outcomes[2] == (504, "QueryTimeoutError")
     # a sort that waited for a worker until its deadline times out instead of reaching its memory limit
     assert {outcomes[1], outcomes[3]} <= {(400, "QueryLimitError"), (504, "QueryTimeoutError")}
+    search_ms, health_ms = timings["search_ms"], timings["health_ms"]
     p99 = statistics.quantiles(search_ms, n=100)[98]
     print(
         f"four at once: {elapsed:.1f} s, peak RSS {peak[0] >> 20} MiB (baseline {baseline >> 20} MiB), BM25 p50 "
@@ -153,31 +192,39 @@ def test_four_at_once_leave_memory_searches_and_health_alone(gateway: GatewayPro
     assert max(health_ms) < 100, f"/healthz took {max(health_ms):.1f} ms"
 
 
+def test_workers_run_at_a_lower_priority_from_their_start(gateway: GatewayProcess) -> None:
+    assert _sql(gateway, KEYS[0], "SELECT 1 AS one").status_code == 200
+    workers = [c for c in _children(gateway.proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert workers and {os.getpriority(os.PRIO_PROCESS, w) for w in workers} == {10}
+    threads = [int(t) for w in workers for t in os.listdir(f"/proc/{w}/task")]
+    assert len(threads) > len(workers) and {os.getpriority(os.PRIO_PROCESS, t) for t in threads} == {10}
+
+
+def test_a_worker_is_niced_before_its_imports(tmp_path: Path) -> None:
+    sql = SqlWorkers(
+        f"file://{tmp_path}",
+        {},
+        workers=1,
+        timeout_s=TIMEOUT_S,
+        memory_bytes=MEMORY_BYTES,
+        max_rows=MAX_ROWS,
+        admission=Admission(totals={"sql": 1}, per_key=1),
+    )
+    worker = sql._spawn()
+    try:  # the child is still importing Arrow and DataFusion (about a second), not yet running its own code
+        assert os.getpriority(os.PRIO_PROCESS, worker.process.pid) == 10
+    finally:
+        worker.process.kill()
+        worker.process.join()
+
+
 def test_a_storm_of_recursive_queries_from_one_key_is_refused_or_stopped(gateway: GatewayProcess) -> None:
     query = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c) SELECT count(*) FROM c"
-    health_ms: list[float] = []
-    done = threading.Event()
-
-    def watch() -> None:
-        with httpx.Client(base_url=gateway.url, timeout=5) as c:
-            while not done.is_set():
-                t = time.perf_counter()
-                assert c.get("/healthz").status_code == 200
-                health_ms.append((time.perf_counter() - t) * 1000)
-                time.sleep(0.05)
-
-    # one client for the storm: a client per request costs the test process ~15 ms of CPU each (its TLS
-    # context), which would show up as the watcher's latency, not the gateway's
     storm = httpx.Client(base_url=gateway.url, headers={"x-api-key": KEYS[1]}, timeout=60, limits=httpx.Limits())
-    watcher = threading.Thread(target=watch)
-    watcher.start()
     started = time.monotonic()
-    try:
-        with storm, concurrent.futures.ThreadPoolExecutor(42) as pool:
-            answers = list(pool.map(lambda _: storm.post("/sql", json={"query": query}), range(42)))
-    finally:
-        done.set()
-        watcher.join()
+    with _probing(gateway, search=False) as timings, storm, concurrent.futures.ThreadPoolExecutor(42) as pool:
+        answers = list(pool.map(lambda _: storm.post("/sql", json={"query": query}), range(42)))
+    health_ms = timings["health_ms"]
     kinds = sorted({(a.status_code, _error(a)) for a in answers})
     assert set(kinds) <= {(429, "TooManyRequestsError"), (504, "QueryTimeoutError"), (400, "QueryLimitError")}
     assert sum(a.status_code == 429 for a in answers) >= 40  # the key may run 2 at once

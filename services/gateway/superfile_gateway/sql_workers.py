@@ -264,6 +264,9 @@ class SqlWorkers:
             daemon=True,
         )
         process.start()
+        # niced from here, not only once running _serve: importing Arrow and DataFusion takes a CPU-second that
+        # would otherwise compete with the gateway's searches at full priority each time a worker is replaced
+        os.setpriority(os.PRIO_PROCESS, process.pid, _NICE)
         child.close()
         return _Worker(process, parent)
 
@@ -340,9 +343,8 @@ def _release_memory() -> None:
 
 
 def _serve(pipe: Pipe, storage: str, connect_options: dict[str, Any], backstop: int, parent: int) -> None:
-    """A worker's life: answer jobs one at a time until the pipe closes or the gateway is gone. At nice 10:
-    a long query yields the CPU to the gateway's searches and health checks."""
-    os.nice(_NICE)
+    """A worker's life: answer jobs one at a time until the pipe closes or the gateway is gone. At nice 10 (set by
+    ``_spawn``, inherited by the threads it starts): a long query yields the CPU to the searches and health checks."""
     resource.setrlimit(resource.RLIMIT_AS, (backstop, backstop))
 
     def watch() -> None:  # a SIGKILLed gateway cannot stop its workers: they stop themselves
