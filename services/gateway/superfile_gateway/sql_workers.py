@@ -264,6 +264,7 @@ class SqlWorkers:
             daemon=True,
         )
         process.start()
+        assert process.pid is not None  # set by start()
         # niced from here, not only once running _serve: importing Arrow and DataFusion takes a CPU-second that
         # would otherwise compete with the gateway's searches at full priority each time a worker is replaced
         os.setpriority(os.PRIO_PROCESS, process.pid, _NICE)
