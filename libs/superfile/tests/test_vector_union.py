@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -99,3 +100,19 @@ def test_rejects_what_it_cannot_search() -> None:
         VectorUnion([index(x, "l2"), index(x, "cosine")])
     with pytest.raises(ValueError):
         VectorUnion([])
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_a_union_keeps_views_of_its_parts_not_copies(metric) -> None:
+    """A union is cached per snapshot for the table's life: what it allocates must scale with the parts' lists,
+    not their centroids' or rows' floats (a stacked copy grew a serving process with every row the table took)."""
+    parts = [index(clustered(8_000, 96, seed=s), metric) for s in range(4)]
+    centroid_bytes = sum(p.ivf_lists.centroids.nbytes for p in parts)
+    tracemalloc.start()
+    try:
+        union = VectorUnion(parts)
+        union.top(clustered(1, 96, seed=9)[0], 10, range(len(parts)))
+        allocated = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert allocated < centroid_bytes / 4, f"{allocated} bytes held against {centroid_bytes} of centroids"

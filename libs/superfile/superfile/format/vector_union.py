@@ -3,9 +3,12 @@
 Searched one :class:`VectorIndex` at a time, 16 superfiles of 62,500 rows
 cost ~3.8 ms a query at nprobe 8, of which the int8 scan is ~1.4 ms and the
 rest is numpy bookkeeping repeated per superfile (routing, quantizing the
-query, merging runs, reranking). A union stacks the IVF sections of every
-part once (built per snapshot by the caller) and runs each step once for any
-subset of its parts, as one IVF index whose lists are all the parts' lists:
+query, merging runs, reranking). A union numbers the IVF lists of every part
+once (built per snapshot by the caller) and runs each step once for any
+subset of its parts, as one IVF index whose lists are all the parts' lists.
+It stacks only what is per list (bias, offsets, sizes); centroids, codes and
+norms stay views of each part's index, so a cached union costs bytes per
+list, not per row:
 
 1. **probe**: one matrix-vector product over the list centroids of the parts
    and one ``argpartition`` picking each part's ``nprobe`` nearest lists
@@ -30,7 +33,6 @@ goes through ``VectorIndex.search``, which pushes the filter into its ranking.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cached_property
 from typing import cast
 
 import numkong as nk
@@ -63,7 +65,6 @@ class VectorUnion:
         self.metric = parts[0].metric
         nlist = np.array([len(x.bias) for x in self._lists], np.int64)
         self._first = np.concatenate(([0], np.cumsum(nlist)))  # part p's lists: first[p] .. first[p + 1]
-        self._centroids = np.concatenate([x.centroids for x in self._lists])
         self._bias = np.concatenate([x.bias for x in self._lists])
         self._part = np.repeat(np.arange(len(parts)), nlist)
         self._start = np.concatenate([x.offsets[:-1] for x in self._lists])
@@ -107,12 +108,12 @@ class VectorUnion:
     def _probes(self, q: _Floats, parts: _Ints, k: int, nprobe: int | None) -> _Ints:
         """The lists to scan, as ascending global list numbers (so each part's lists are adjacent)."""
         scores = np.zeros(len(self._bias), np.float32)
-        lo, hi = self._first[parts], self._first[parts + 1]
-        joined = np.flatnonzero(lo[1:] != hi[:-1]) + 1  # runs of adjacent parts: adjacent centroids
-        spans = zip(lo[np.r_[0, joined]].tolist(), hi[np.r_[joined - 1, len(parts) - 1]].tolist(), strict=True)
-        for a0, b0 in spans:
-            for a in range(a0, b0, _CHUNK):  # on this thread: a second one gained nothing (memory-bound)
-                np.matmul(self._centroids[a : min(a + _CHUNK, b0)], q, out=scores[a : min(a + _CHUNK, b0)])
+        for p in parts.tolist():  # each part's own centroids (views of its index): a stacked copy would cost
+            # ~2-7 bytes per row of the table in every cached union, for a matrix-vector product per part
+            centroids, at = self._lists[p].centroids, int(self._first[p])
+            for a in range(0, len(centroids), _CHUNK):  # on this thread: a second one gained nothing
+                part_scores = scores[at + a : at + min(a + _CHUNK, len(centroids))]
+                np.matmul(centroids[a : a + _CHUNK], q, out=part_scores)
         scores = self._bias - 2.0 * scores  # |q - c|^2 - |q|^2 (dot: in its augmented space); cosine: -2 q.c
         grid = self._grid[parts]
         dist = np.where(grid >= 0, scores[grid], np.inf)
@@ -152,13 +153,16 @@ class VectorUnion:
         qscale = np.zeros(len(self._lists), np.float64)
         qscale[scanned] = step
         out = nk.empty((int(at[-1]), 1), dtype="int32")
+        l2 = self.metric == "l2"
+        norms = np.empty(int(at[-1]) if l2 else 0, np.float32)
         for p, a, n, o in zip(run_part.tolist(), lo.tolist(), length.tolist(), at[:-1].tolist(), strict=True):
             nk.dots_packed(self._lists[p].codes[a : a + n], packed[p], out=cast(nk.Tensor, out[o : o + n]))
+            if l2:
+                norms[o : o + n] = self._lists[p].norms[a : a + n]
         dots = np.asarray(out).reshape(-1) * np.repeat(qscale[run_part], length)  # ~ q.x in every part
         located = (run_part, lo, at)
-        if self.metric == "l2":  # |x|^2 - 2 q.x; |q|^2 is the same for every row
-            row_part, pos = _locate(np.arange(int(at[-1])), located)
-            return self._norms2[self._base[row_part] + pos] - 2.0 * dots, located
+        if l2:  # |x|^2 - 2 q.x; |q|^2 is the same for every row
+            return norms * norms - 2.0 * dots, located
         return -dots, located
 
     def _rerank(self, q: _Floats, part: _Ints, pos: _Ints, k: int) -> list[tuple[int, _Ints, _Floats]]:
@@ -176,16 +180,6 @@ class VectorUnion:
         dist = exact_distances(v, q, norms, self.metric)
         keep = np.lexsort((rows, part, dist))[:k]  # the rerank pool is small: sorting it whole is cheap
         return [(p, rows[keep[part[keep] == p]], dist[keep[part[keep] == p]]) for p in np.unique(part[keep]).tolist()]
-
-    @cached_property
-    def _base(self) -> _Ints:
-        """Each part's first row in :attr:`_norms2`."""
-        return np.concatenate(([0], np.cumsum(self._rows)[:-1]))
-
-    @cached_property
-    def _norms2(self) -> _Floats:
-        """Squared norms of every part's rows, part after part in position order (the l2 first pass)."""
-        return np.concatenate([x.norms * x.norms for x in self._lists])
 
 
 _Runs = tuple[_Ints, _Ints, _Ints]  # per run of scanned rows: its part, first position, start in the scores
