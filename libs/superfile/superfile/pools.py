@@ -22,10 +22,11 @@ __all__ = ["build_pool", "build_threads", "query_pool", "query_threads", "search
 
 _lock = threading.Lock()
 _pools: dict[str, ThreadPoolExecutor] = {}
+_CORES = max(2, os.cpu_count() or 2)  # read once: os.cpu_count() reads sysfs, ~25 us, and every search asks
 
 
 def _size(env: str) -> int:
-    return int(os.environ.get(env, "0")) or max(2, os.cpu_count() or 2)
+    return int(os.environ.get(env, "0")) or _CORES
 
 
 def _pool(kind: str, env: str) -> ThreadPoolExecutor:
