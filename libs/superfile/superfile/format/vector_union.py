@@ -10,8 +10,8 @@ It stacks only what is per list (bias, offsets, sizes); centroids, codes and
 norms stay views of each part's index, so a cached union costs bytes per
 list, not per row:
 
-1. **probe**: one matrix-vector product over the list centroids of the parts
-   and one ``argpartition`` picking each part's ``nprobe`` nearest lists
+1. **probe**: a matrix-vector product over each part's list centroids into
+   one score buffer and one ``argpartition`` picking each part's ``nprobe`` nearest lists
    (its own default when not given), widened for a part whose probed lists
    hold fewer than ``k`` rows: the lists ``VectorIndex.search`` probes;
 2. **first pass**: the int8 kernel over every run of adjacent probed lists
