@@ -2,7 +2,7 @@
 the builder's compaction process (fixed threshold, release after each run) and the builder itself (two arenas
 that hand back their tops, :func:`bound_arenas`, and :func:`release_unused` every 10 s after a commit; a
 threshold fixed at 128 KiB made its commits 25% slower, and they are the freshness path; ``docs/builder.md``,
-"Memory").
+"Memory"), and the serving processes (gateway, query root, cache node: :func:`tune_for_serving`).
 
 Three things kept memory the process had freed (``BENCHMARKS.md``, "Soak"). Two grew the anonymous memory of
 the soak's builder and of its compaction process by about 12 MB a minute each; one raised the builder's by
@@ -33,6 +33,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import os
 import sys
 import threading
 import time
@@ -47,6 +48,7 @@ __all__ = [
     "glibc_bytes",
     "release_periodically",
     "release_unused",
+    "tune_for_serving",
 ]
 
 log = logging.getLogger(__name__)
@@ -145,3 +147,12 @@ def release_periodically(every_s: float = 30.0) -> threading.Thread:
     thread = threading.Thread(target=loop, name="superfile-release", daemon=True)
     thread.start()
     return thread
+
+
+def tune_for_serving(release_every_s: float = 30.0) -> threading.Thread:
+    """At the start of a serving process (gateway, query root, cache node), before its threads: one arena per
+    core that hands back its top (:func:`bound_arenas`), and a thread releasing what the allocators keep free
+    every ``release_every_s`` (:func:`release_periodically`). Their reads free what they decode at any time,
+    from many threads, for months (``docs/gateway.md``, "Memory")."""
+    bound_arenas(arenas=max(2, os.cpu_count() or 2))
+    return release_periodically(release_every_s)

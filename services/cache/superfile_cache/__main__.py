@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 import uvicorn
+from superfile.allocator import tune_for_serving
 
 from superfile_cache.app import NodeSettings, create_app
 
@@ -45,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=args.host,
         port=args.port,
     )
+    tune_for_serving()  # as the gateway: a serving process's reads free what they decode at any time
     uvicorn.run(
         create_app(settings),
         host=args.host,

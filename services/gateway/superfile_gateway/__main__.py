@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
 import uvicorn
-from superfile.allocator import bound_arenas, release_periodically
+from superfile.allocator import tune_for_serving
 
 from superfile_gateway.app import create_app
 from superfile_gateway.settings import ConfigError, Settings
@@ -24,8 +23,7 @@ def serve(settings: Settings) -> None:
     killed) and exits. Both ways to start a gateway (``python -m superfile_gateway``, ``superfile serve``)
     come here, so both get its memory settings: reads free what they decode at any time, so glibc's arenas
     hand back their tops, and every 30 s what the allocators keep free goes back (docs/gateway.md, "Memory")."""
-    bound_arenas(arenas=max(2, os.cpu_count() or 2))
-    release_periodically(30.0)
+    tune_for_serving()
     uvicorn.run(
         create_app(settings),
         host=settings.host,

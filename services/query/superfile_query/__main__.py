@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 import uvicorn
+from superfile.allocator import tune_for_serving
 from superfile_gateway.settings import ConfigError, Settings
 
 from superfile_query.app import create_app, query_settings
@@ -59,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    tune_for_serving()  # as the gateway: a serving process's reads free what they decode at any time
     uvicorn.run(
         create_app(settings),
         host=args.host,
