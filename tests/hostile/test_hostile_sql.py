@@ -220,6 +220,8 @@ def test_a_worker_is_niced_before_its_imports(tmp_path: Path) -> None:
 
 def test_a_storm_of_recursive_queries_from_one_key_is_refused_or_stopped(gateway: GatewayProcess) -> None:
     query = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c) SELECT count(*) FROM c"
+    # one client for the storm: a client per request costs the test process ~15 ms of CPU each (its TLS
+    # context), which would slow the storm's own requests, not the gateway
     storm = httpx.Client(base_url=gateway.url, headers={"x-api-key": KEYS[1]}, timeout=60, limits=httpx.Limits())
     started = time.monotonic()
     with _probing(gateway, search=False) as timings, storm, concurrent.futures.ThreadPoolExecutor(42) as pool:

@@ -33,13 +33,14 @@ import ctypes
 import ctypes.util
 import functools
 import logging
-import os
 import sys
 import threading
 import time
 from typing import Any
 
 import pyarrow as pa
+
+from superfile.pools import CORES
 
 __all__ = [
     "MMAP_THRESHOLD",
@@ -154,5 +155,5 @@ def tune_for_serving(release_every_s: float = 30.0) -> threading.Thread:
     core that hands back its top (:func:`bound_arenas`), and a thread releasing what the allocators keep free
     every ``release_every_s`` (:func:`release_periodically`). Their reads free what they decode at any time,
     from many threads, for months (``docs/gateway.md``, "Memory")."""
-    bound_arenas(arenas=max(2, os.cpu_count() or 2))
+    bound_arenas(arenas=CORES)
     return release_periodically(release_every_s)

@@ -18,15 +18,15 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-__all__ = ["build_pool", "build_threads", "query_pool", "query_threads", "search_pool", "searching"]
+__all__ = ["CORES", "build_pool", "build_threads", "query_pool", "query_threads", "search_pool", "searching"]
 
 _lock = threading.Lock()
 _pools: dict[str, ThreadPoolExecutor] = {}
-_CORES = max(2, os.cpu_count() or 2)  # read once: os.cpu_count() reads sysfs, ~25 us, and every search asks
+CORES = max(2, os.cpu_count() or 2)  # read once: os.cpu_count() reads sysfs, ~25 us, and every search asks
 
 
 def _size(env: str) -> int:
-    return int(os.environ.get(env, "0")) or _CORES
+    return int(os.environ.get(env, "0")) or CORES
 
 
 def _pool(kind: str, env: str) -> ThreadPoolExecutor:
