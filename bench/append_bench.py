@@ -9,7 +9,9 @@ inside every commit. Prints and saves medians to bench/results/append.json.
 Small writes (``--small``): a table with a full-text and a vector column gets a
 seed load (``--seed-rows``, both systems build both indexes there), then
 ``--appends`` appends of ``--append-rows`` rows and ``--deletes`` deletes of one
-row (``doc_id = x``), each timed alone; medians (ms) per system, each system in
+row (``doc_id = x``), each timed alone, then 30 more appends each followed by a
+top-10 BM25 query timed twice: the first after the commit (what a streaming
+table's reader meets) and once warm; medians (ms) per system, each system in
 its own process, the systems alternating ``--repeat`` times in one run.
 Saves bench/results/small_writes.json.
 
@@ -79,14 +81,23 @@ def child_lancedb(path: str, rows: int, batch_rows: int) -> dict[str, float]:
     }
 
 
-def _small_workload(seed_rows: int, appends: int, append_rows: int, deletes: int) -> tuple[Any, list[Any], list[int]]:
+def _small_workload(
+    seed_rows: int, appends: int, append_rows: int, deletes: int, extra: int = 0
+) -> tuple[Any, list[Any], list[int]]:
+    """The seed, ``appends + extra`` small batches, and the rows to delete (among the seed and the first
+    ``appends`` batches)."""
     import pyarrow as pa
 
     total = seed_rows + appends * append_rows
-    rows = pa.concat_tables(list(repeated(total, total)))
-    small = [rows.slice(seed_rows + i * append_rows, append_rows) for i in range(appends)]
+    everything = total + extra * append_rows
+    rows = pa.concat_tables(list(repeated(everything, everything)))
+    small = [rows.slice(seed_rows + i * append_rows, append_rows) for i in range(appends + extra)]
     step = max(1, total // max(deletes, 1))
     return rows.slice(0, seed_rows), small, [(i * step * 7919) % total for i in range(deletes)]
+
+
+FRESH_APPENDS = 30  # appends each followed by a query, after the timed writes
+FRESH_QUERIES = ["boundary layer flow", "heat transfer", "supersonic wing", "shock wave", "pressure distribution"]
 
 
 def _ms(samples: list[float]) -> dict[str, float]:
@@ -97,7 +108,8 @@ def _ms(samples: list[float]) -> dict[str, float]:
 def child_small(
     system: str, target: str, seed_rows: int, appends: int, append_rows: int, deletes: int, level0: int
 ) -> dict[str, Any]:
-    seed, small, doomed = _small_workload(seed_rows, appends, append_rows, deletes)
+    seed, small, doomed = _small_workload(seed_rows, appends, append_rows, deletes, FRESH_APPENDS)
+    small, fresh = small[:appends], small[appends:]
     if system == "lancedb-small":
         import lancedb
 
@@ -106,6 +118,9 @@ def child_small(
         t.create_fts_index("text")
         t.create_index(metric="cosine", vector_column_name="embedding", index_type="IVF_PQ")
         add, remove = t.add, t.delete
+
+        def bm25(text: str) -> int:
+            return int(t.search(text, query_type="fts").limit(10).to_arrow().num_rows)
     else:
         import superfile
 
@@ -119,6 +134,10 @@ def child_small(
         )
         t.append(seed)
         add, remove = t.append, t.delete
+
+        def bm25(text: str) -> int:
+            return t.bm25_search("text", text, k=10, projection=["_id", "score"]).num_rows
+
     for b in small[:3]:  # warm-up: imports, caches, the first commit's lazy paths
         add(b)
     append_ms = []
@@ -131,10 +150,29 @@ def child_small(
         t0 = time.perf_counter()
         remove(f"doc_id = {x}")
         delete_ms.append((time.perf_counter() - t0) * 1000)
-    out: dict[str, Any] = {"append": _ms(append_ms), "delete": _ms(delete_ms), "rows": t.count_rows()}
+    # freshness: the first BM25 query after each append (what a streaming table's readers meet), then again
+    first_ms, warm_ms = [], []
+    for i, b in enumerate(fresh):
+        add(b)
+        text = FRESH_QUERIES[i % len(FRESH_QUERIES)]
+        for into in (first_ms, warm_ms):
+            t0 = time.perf_counter()
+            hits = bm25(text)
+            into.append((time.perf_counter() - t0) * 1000)
+        assert hits == 10
+    out: dict[str, Any] = {
+        "append": _ms(append_ms),
+        "delete": _ms(delete_ms),
+        "query_after_append": _ms(first_ms),
+        "query_warm": _ms(warm_ms),
+        "rows": t.count_rows(),
+    }
     if system != "lancedb-small":
         out["unindexed_superfiles"] = t.stats()["unindexed_superfiles"]
     return out
+
+
+OPS = ("append", "delete", "query_after_append", "query_warm")
 
 
 def main_small(args: argparse.Namespace) -> None:
@@ -155,9 +193,9 @@ def main_small(args: argparse.Namespace) -> None:
             print(system, runs[system][-1], flush=True)
     summary: dict[str, Any] = {}
     for s, rs in runs.items():
-        summary[s] = {op: median([r[op]["p50_ms"] for r in rs]) for op in ("append", "delete")}
+        summary[s] = {op: median([r[op]["p50_ms"] for r in rs]) for op in OPS}
         summary[s]["runs"] = rs
-    for op in ("append", "delete"):
+    for op in OPS:
         summary[f"{op}_ratio_vs_lancedb"] = summary["superfile-small"][op] / summary["lancedb-small"][op]
     summary["config"] = {
         "seed_rows": args.seed_rows,

@@ -2,7 +2,7 @@
 optimize and a cleanup replace and delete superfiles, the process maps none of the deleted files once it has
 searched or committed again, in the process that ran them and in another that only reads the table (on object
 storage: none of their disk-cache copies, which are removed); a search pinned on an older version still works,
-and a reader in use is not closed under it.
+and a reader in use is not closed under it. Their full-text extractions are removed after a grace period.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime
 import gc
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -18,6 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import superfile
+from superfile.format import archive
+from superfile.format.reader import extraction_dir
+from superfile.manifest.model import SuperfileEntry
 from superfile.table import Supertable
 from superfile.table import evolve as evolve_module
 
@@ -175,3 +179,78 @@ def test_on_object_storage_the_disk_cache_copies_of_released_superfiles_are_unma
     # nor the index files extracted from them (named after the superfile) under the cache directory
     names = {Path(path).name for path in old}
     assert not [f for f in mapped_files(cache) if any(name in f for name in names)]
+
+
+def _extractions(t: Supertable, entries: list[SuperfileEntry]) -> list[Path]:
+    """Where the full-text indexes of these superfiles are extracted for ``t`` (named after file and content)."""
+    return [Path(extraction_dir(t.files.cache_dir, t.files.reader_name(e.path), e.footer_crc32)) for e in entries]
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_the_extracted_indexes_of_released_superfiles_are_removed_after_a_grace_period(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A streaming table makes a superfile a commit and compaction replaces them: each one's full-text
+    extraction must go once no kept version names it, or the cache directory grows with every superfile the
+    table ever had. Not at once: a search pinned on the previous version may still open it."""
+    monkeypatch.setattr(archive, "REMOVAL_GRACE_S", 1.0)
+    writer = _table_at(superfile.connect(f"file://{root}", cache_dir=str(tmp_path / "writer-cache")))
+    reader = superfile.connect(f"file://{root}", cache_dir=str(tmp_path / "cache")).open_table("docs")
+    _search(reader)
+    old = _extractions(reader, reader.snapshot().entries())
+    assert len(old) == 4 and all(p.is_dir() for p in old)
+    _compact_and_clean(writer)
+    _search(reader)  # the compacted version; the one before it, still kept, names the old superfiles
+    writer.append(_batch(10 * BATCH))
+    _search(reader)  # released now
+    assert all(p.is_dir() for p in old)  # within the grace period
+    assert _wait_until(lambda: not any(p.exists() for p in old))
+    live = _extractions(reader, reader.snapshot().entries())
+    assert all(p.is_dir() for p in live)
+    _search(reader)
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".stale-")]  # nothing left aside
+
+
+def test_an_older_snapshot_extracts_a_removed_index_again(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index already open keeps working once its extraction is removed, and one opened afterwards (a
+    time-travel search) is extracted again: the answers do not change."""
+    monkeypatch.setattr(archive, "REMOVAL_GRACE_S", 0.0)
+    t = _table(root)
+    old = t.checkout(t.version)
+    before = old.bm25_search("title", "supersonic wing", k=20)
+    gone = _extractions(t, old.snapshot().entries())
+    t.optimize(target_rows=4 * BATCH)
+    t.append(_batch(10 * BATCH))
+    _search(t)  # releases the old version's superfiles
+    assert _wait_until(lambda: not any(p.exists() for p in gone))
+    assert old.bm25_search("title", "supersonic wing", k=20).equals(before)
+    fresh = superfile.connect(f"file://{root}").open_table("docs").checkout(old.version)
+    assert fresh.bm25_search("title", "supersonic wing", k=20).equals(before)  # its readers extract them anew
+    assert all(p.is_dir() for p in gone)
+
+
+def test_an_extraction_removed_between_its_check_and_its_open_is_extracted_again(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The removal may land between a reader finding an extraction whole and tantivy opening it."""
+    t = _table_at(superfile.connect(f"file://{root}", cache_dir=str(tmp_path / "cache")))
+    real, raced = archive.extract, []
+
+    def racing(blob: memoryview, path: str, source: str, *, skip: tuple[str, ...] = ()) -> list[tuple[str, int, int]]:
+        files = real(blob, path, source, skip=skip)
+        if not raced:
+            raced.append(path)
+            archive._remove(os.path.dirname(path))  # the superfile's extraction, as remove_later does
+        return files
+
+    monkeypatch.setattr(archive, "extract", racing)
+    _search(t)
+    assert raced and Path(raced[0]).is_dir()

@@ -487,7 +487,7 @@ def test_bm25_union_of_superfiles_ranks_like_the_per_superfile_path(
     queries = pq.read_table(CRANFIELD / "queries.parquet").column("text").to_pylist()[:40]
     asked = [(q, mode, k) for q in queries for mode, k in (("any", 10), ("any", 100), ("all", 5))]
     union = [t.bm25_search("text", q, k=k, mode=mode, projection=["_id", "score"]) for q, mode, k in asked]
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("union-")]  # the union was built and used
+    assert [p.name for p in (tmp_path / "unions").iterdir() if p.name.startswith("union-")]  # built and used
     assert union[0].schema.metadata[b"superfile.searched"] != b"0"
 
     def all_mode_scores_as_any() -> bool:
@@ -555,5 +555,5 @@ def test_bm25_union_directories_are_pruned(tmp_path: Path, monkeypatch: pytest.M
         t.append([{"id": i, "text": f"shared words and token{i}"}])
         assert t.bm25_search("text", "shared", k=10).num_rows == i + 1
         first = first or t.checkout(t.version)
-        assert len([p for p in tmp_path.iterdir() if p.name.startswith("union-")]) <= 2
+        assert len([p for p in (tmp_path / "unions").iterdir() if p.name.startswith("union-")]) <= 2
     assert first is not None and first.bm25_search("text", "token0", k=5, projection=["id"])["id"].to_pylist() == [0]

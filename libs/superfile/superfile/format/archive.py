@@ -5,24 +5,37 @@ index's files in a minimal archive (layout in "Full-text blobs" of
 ``docs/format.md``). Readers extract it once into a cache directory
 atomically (temp dir + rename, so concurrent threads and processes never see
 half an index) and reuse the extraction afterwards.
+
+An extraction outlives nothing it serves: once its superfile is released (no
+version a process keeps names it: compacted away, or past retention), the
+extraction is removed after a grace period (:func:`remove_later`), so a cache
+directory holds about the live table's indexes, not one per superfile a
+streaming table ever had. An index already open keeps its mapped files, and a
+later open extracts it again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
 import os
 import shutil
 import struct
 import tempfile
+import threading
+import time
 from collections.abc import Collection, Iterable
 
 from superfile.errors import CorruptSuperfileError
 
-__all__ = ["extract", "pack", "read_directory"]
+__all__ = ["extract", "pack", "read_directory", "remove_later"]
 
 _MAGIC = b"SFTANTV1"
 _HEAD = struct.Struct("<8sI")
 _ENTRY = struct.Struct("<HQ")
+# How long a released superfile's extraction stays: a search pinned on an older version (or a time-travel one)
+# may still open its index meanwhile; one that opens it later extracts it again
+REMOVAL_GRACE_S = 60.0
 
 
 def pack(files: Iterable[tuple[str, bytes]]) -> bytes:
@@ -113,3 +126,52 @@ def _complete(path: str, files: list[tuple[str, int, int]]) -> bool:
         return all(os.path.getsize(os.path.join(path, n)) == size for n, _, size in files)
     except OSError:
         return False
+
+
+class _Removals:
+    """Extractions to remove, each when its grace period has passed, by one daemon thread (started on first
+    use, and again in a forked child, which has none)."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, str]] = []
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, paths: Iterable[str], delay: float) -> None:
+        at = time.monotonic() + delay
+        with self._cond:
+            for path in paths:
+                heapq.heappush(self._due, (at, path))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="superfile-extractions", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._cond.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _, path = heapq.heappop(self._due)
+            _remove(path)
+
+
+_removals = _Removals()
+
+
+def remove_later(paths: Iterable[str], delay: float | None = None) -> None:
+    """Remove these extraction directories after ``delay`` seconds (default :data:`REMOVAL_GRACE_S`), off the
+    caller's thread: releasing a superfile happens on a query's or a commit's path."""
+    _removals.add(paths, REMOVAL_GRACE_S if delay is None else delay)
+
+
+def _remove(path: str) -> None:
+    """Move the extraction aside, then delete it: :func:`extract` sees it whole or not at all."""
+    parent = os.path.dirname(path)
+    try:
+        stale = tempfile.mkdtemp(prefix=".stale-", dir=parent)
+    except OSError:  # the cache directory itself is gone
+        return
+    with contextlib.suppress(OSError):  # already removed (another process's release)
+        os.rename(path, os.path.join(stale, "index"))
+    shutil.rmtree(stale, ignore_errors=True)

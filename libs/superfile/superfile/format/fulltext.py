@@ -296,7 +296,15 @@ class FullTextIndex:
             for name, start, size in files:
                 if name == _NORMS_FILE:
                     norms = Norms.parse(blob[start : start + size])
-            return cls(tantivy.Index.open(path), tokenizer, norms=norms, directory=path)
+            try:
+                index = tantivy.Index.open(path)
+            except (ValueError, OSError):
+                if os.path.isdir(path):
+                    raise
+                # removed since the check above (a released superfile's, archive.remove_later): once more
+                archive.extract(blob, path, source, skip=(_NORMS_FILE,))
+                index = tantivy.Index.open(path)
+            return cls(index, tokenizer, norms=norms, directory=path)
         except (ValueError, OSError) as e:
             raise CorruptSuperfileError(source, f"full-text index at {path} does not open: {e}") from None
 

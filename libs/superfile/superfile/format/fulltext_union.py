@@ -26,12 +26,15 @@ bound on the rows not read decides how deep to read: the answer is the
 per-superfile path's, to the bit.
 
 A union's directory is named after its parts' directories (each named after
-a superfile's content), built once under the cache directory (atomically,
+a superfile's content), built once under ``<cache dir>/unions/`` (atomically,
 like an extraction) and reused by every process; the caller keeps the opened
 union for as long as its snapshot is queried. Every
 commit makes a new set of superfiles, so building a union also removes the
 oldest union directories beyond the newest ``_KEEP_DIRS`` (links only: an
-index already open keeps its memory-mapped segment files).
+index already open keeps its memory-mapped segment files). They have a
+directory of their own because that removal lists it: listing the cache
+directory itself, which holds an extraction per superfile, took 15 ms of
+the first query after each commit with 17,000 entries there.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ __all__ = ["UnionIndex", "UnionText", "union_of", "union_text"]
 
 _TIE_EXTRA = 16  # hits fetched past k, so rows tied with the k-th are all seen (ties break by _id later)
 _KEEP_DIRS = 64  # union directories kept under a cache directory
+_UNIONS_DIR = "unions"  # where in a cache directory they are
 
 
 class UnionIndex:
@@ -184,7 +188,7 @@ def union_of(parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool) -
     if any(d is None for d in directories):
         raise ValueError("a part has no directory")
     key = hashlib.sha1("\n".join(d for d in directories if d).encode()).hexdigest()[:20]
-    path = os.path.join(cache_dir, f"union-{key}")
+    path = os.path.join(cache_dir, _UNIONS_DIR, f"union-{key}")
     metas = []
     for part in parts:
         assert part.directory is not None
@@ -198,10 +202,10 @@ def union_of(parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool) -
     return UnionIndex(tantivy.Index.open(path), part_of, parts[0].tokenizer, ordered)
 
 
-def _prune(cache_dir: str) -> None:
+def _prune(unions_dir: str) -> None:
     """Remove all but the newest ``_KEEP_DIRS`` union directories (by modification time)."""
     unions = []
-    for entry in os.scandir(cache_dir):
+    for entry in os.scandir(unions_dir):
         if entry.name.startswith("union-") and ".tmp-" not in entry.name:
             with contextlib.suppress(FileNotFoundError):
                 unions.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
@@ -213,7 +217,7 @@ def _link(parts: Sequence[FullTextIndex], metas: list[dict], path: str) -> None:
     """Write the union's directory: links to every segment file and one meta.json listing the segments in
     part order. Built aside and renamed into place, so a reader never sees half of it."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    os.makedirs(tmp)
+    os.makedirs(tmp)  # and the unions' directory, the first time
     try:
         for part, meta in zip(parts, metas, strict=True):
             assert part.directory is not None

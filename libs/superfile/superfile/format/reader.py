@@ -33,7 +33,14 @@ from superfile.format.pages import PageReads
 from superfile.format.scalar_index import ScalarIndex
 from superfile.format.vector_index import VectorIndex
 
-__all__ = ["DEFAULT_CACHE_DIR", "FOOTER_FACTOR", "READER_OVERHEAD", "READ_WHOLE_BYTES", "SuperfileReader"]
+__all__ = [
+    "DEFAULT_CACHE_DIR",
+    "FOOTER_FACTOR",
+    "READER_OVERHEAD",
+    "READ_WHOLE_BYTES",
+    "SuperfileReader",
+    "extraction_dir",
+]
 
 DEFAULT_CACHE_DIR = os.path.join(tempfile.gettempdir(), "superfile-cache")
 # A local superfile up to this size is read into memory rather than mapped: a mapping costs a page and an entry
@@ -303,9 +310,7 @@ class SuperfileReader:
             index = self._fulltext.get(column)
             if index is None:
                 section = self._section(column, fts_section(column))
-                path = os.path.join(
-                    self._cache_dir, f"{_safe(self.name)}-{self.footer_crc32:08x}", _safe(column) or "_"
-                )
+                path = os.path.join(extraction_dir(self._cache_dir, self.name, self.footer_crc32), _safe(column) or "_")
                 tokenizer = str(self._info[column]["tokenizer"])
                 index = FullTextIndex.from_blob(self.blob(section.name), path, tokenizer, source=self.name)
                 self._fulltext[column] = index
@@ -387,6 +392,12 @@ def decode_pool() -> pa.MemoryPool:
         return pools.get(choice, pa.jemalloc_memory_pool)()
     except NotImplementedError:
         return pa.system_memory_pool()
+
+
+def extraction_dir(cache_dir: str, name: str, footer_crc32: int) -> str:
+    """Where the full-text indexes of superfile ``name`` are extracted, one directory per column inside: named
+    after the file and its footer checksum, which identifies its content."""
+    return os.path.join(cache_dir, f"{_safe(name)}-{footer_crc32:08x}")
 
 
 def _safe(name: str) -> str:

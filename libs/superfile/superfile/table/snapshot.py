@@ -10,7 +10,7 @@ import os
 import resource
 import threading
 import weakref
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Protocol, TypeVar
@@ -23,8 +23,14 @@ from superfile._lru import BudgetLRU
 from superfile.errors import CorruptSuperfileError, InvalidOptionError, ObjectNotFoundError, SuperfileMissingError
 from superfile.evolution import plain
 from superfile.expressions import Predicate
-from superfile.format import SuperfileReader
-from superfile.format.reader import DEFAULT_CACHE_DIR, FOOTER_FACTOR, READ_WHOLE_BYTES, READER_OVERHEAD
+from superfile.format import SuperfileReader, archive
+from superfile.format.reader import (
+    DEFAULT_CACHE_DIR,
+    FOOTER_FACTOR,
+    READ_WHOLE_BYTES,
+    READER_OVERHEAD,
+    extraction_dir,
+)
 from superfile.io import Storage
 from superfile.io.cache import DiskCache
 from superfile.manifest.model import ManifestList, PartRef, SuperfileEntry
@@ -238,7 +244,7 @@ class TableFiles:
                 return
             out = self._recent[0] if len(self._recent) == 2 else None
             self._recent = (*self._recent[-1:], _Pin(snapshot.version, snapshot.path, snapshot.manifest))
-            gone: set[str] = set()
+            gone: dict[str, int | None] = {}
             if out is not None:
                 gone, deletes = self._unnamed(out, self._recent)
                 manifests = [pin.manifest for pin in self._recent] + [s.manifest for s in list(self._live.values())]
@@ -246,23 +252,24 @@ class TableFiles:
                 self.manifests.release_deletes(deletes)
             self._release(gone, {p.path for p in self._recent})
 
-    def release(self, paths: Collection[str]) -> None:
+    def release(self, paths: Collection[str] | Mapping[str, SuperfileEntry]) -> None:
         """Release what this process holds of ``paths``, superfiles the newest version no longer names (those an
-        optimize replaced, a cleanup deleted): their readers, analyses and disk-cache copies (also those no
-        reader has open), and the search state of every snapshot but the newest."""
-        gone = set(paths)
+        optimize replaced, a cleanup deleted): their readers, analyses, disk-cache copies (also those no
+        reader has open) and, given their entries, full-text extractions, and the search state of every snapshot
+        but the newest."""
+        gone = {p: e.footer_crc32 for p, e in paths.items()} if isinstance(paths, Mapping) else dict.fromkeys(paths)
         with self._pins:
             self._release(gone, {self._recent[-1].path} if self._recent else set())
         if self.disk_cache is not None:
             for path in gone:
                 self.disk_cache.discard(self.storage, path)
 
-    def _unnamed(self, out: _Pin, kept: Sequence[_Pin]) -> tuple[set[str], set[str]]:
-        """What ``out`` names and none of ``kept`` does: its superfiles and its deletion vectors, read only from
-        the parts they do not share."""
+    def _unnamed(self, out: _Pin, kept: Sequence[_Pin]) -> tuple[dict[str, int | None], set[str]]:
+        """What ``out`` names and none of ``kept`` does: its superfiles (with their footer checksums) and its
+        deletion vectors, read only from the parts they do not share."""
         shared = {part.path for pin in kept for part in pin.manifest.parts}
         entries = [e for part in out.manifest.parts if part.path not in shared for e in self._entries(out, part)]
-        gone = {e.path for e in entries}
+        gone: dict[str, int | None] = {e.path: e.footer_crc32 for e in entries}
         deletes = {e.deletes.path for e in entries if e.deletes is not None}
         if gone or deletes:
             old = {part.path for part in out.manifest.parts}
@@ -270,7 +277,7 @@ class TableFiles:
                 for part in pin.manifest.parts:
                     if part.path not in old:
                         for e in self._entries(pin, part):
-                            gone.discard(e.path)
+                            gone.pop(e.path, None)
                             if e.deletes is not None:
                                 deletes.discard(e.deletes.path)
         return gone, deletes
@@ -278,15 +285,20 @@ class TableFiles:
     def _entries(self, pin: _Pin, part: PartRef) -> list[SuperfileEntry]:
         return self.manifests.load_part(part, pin.manifest.schema)
 
-    def _release(self, gone: set[str], snapshots: Collection[str]) -> None:
+    def _release(self, gone: Mapping[str, int | None], snapshots: Collection[str]) -> None:
         """Drop the search state of the snapshots not of ``snapshots`` (manifest paths), and the readers,
-        analyses and disk-cache copies of the superfiles ``gone``. Dropping never closes: whoever still holds a
-        reader or an index keeps a working one (a mapping lives until its last holder lets go)."""
+        analyses and disk-cache copies of the superfiles ``gone``; their full-text extractions (those whose
+        footer checksum is given) go after a grace period (``archive.remove_later``). Dropping never closes:
+        whoever still holds a reader or an index keeps a working one (a mapping lives until its last holder
+        lets go)."""
         uri = self.storage.uri
         for drop in _snapshot_state:
             drop(uri, lambda key: key.split("#", 1)[0] in snapshots)
         if not gone:
             return
+        archive.remove_later(
+            extraction_dir(self.cache_dir, self.reader_name(path), crc) for path, crc in gone.items() if crc is not None
+        )
         exact.release(uri, lambda path: path not in gone)
         dropped = {(self._owner, path) for path in gone}
         held = [k for k in self._readers if k in dropped]
@@ -297,6 +309,10 @@ class TableFiles:
             for _, path in held:
                 self.disk_cache.discard(self.storage, path)
 
+    def reader_name(self, path: str) -> str:
+        """The name a reader of the superfile at ``path`` goes by (in errors, and its extractions')."""
+        return f"{self.storage.uri.rstrip('/')}/{path}"
+
     def open(self, entry: SuperfileEntry) -> SuperfileReader:
         key = (self._owner, entry.path)
 
@@ -305,7 +321,7 @@ class TableFiles:
         ) -> SuperfileReader:
             reader = SuperfileReader.open(
                 source,
-                name=f"{self.storage.uri.rstrip('/')}/{entry.path}",
+                name=self.reader_name(entry.path),
                 verify=self.verify and verify,
                 cache_dir=self.cache_dir,
                 expected_footer_crc32=entry.footer_crc32,
