@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.resources
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -487,7 +489,7 @@ def test_bm25_union_of_superfiles_ranks_like_the_per_superfile_path(
     queries = pq.read_table(CRANFIELD / "queries.parquet").column("text").to_pylist()[:40]
     asked = [(q, mode, k) for q in queries for mode, k in (("any", 10), ("any", 100), ("all", 5))]
     union = [t.bm25_search("text", q, k=k, mode=mode, projection=["_id", "score"]) for q, mode, k in asked]
-    assert [p.name for p in (tmp_path / "unions").iterdir() if p.name.startswith("union-")]  # built and used
+    assert [p.name for p in (tmp_path / "unions").iterdir() if p.name.startswith("pool-")]  # built and used
     assert union[0].schema.metadata[b"superfile.searched"] != b"0"
 
     def all_mode_scores_as_any() -> bool:
@@ -543,17 +545,61 @@ def test_bm25_modes_prefix_deletes_and_errors(cran_table: superfile.Supertable) 
         cran_table.bm25_search("text", "x", mode="most")
 
 
-def test_bm25_union_directories_are_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every commit makes a new union; only the newest few directories stay, and searches keep working."""
+def test_bm25_unions_link_only_new_files_and_keep_the_pool_small(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every commit makes a new union. It is read from this process's pool (``format/fulltext_union.py``):
+    the new superfile's files are linked, no other; links no recent union lists go (an optimize's inputs);
+    searches of the newest and of an older snapshot keep working; the pool of a process that died is removed, a
+    live one's is not."""
     from superfile.format import fulltext_union
 
-    monkeypatch.setattr(fulltext_union, "_KEEP_DIRS", 2)
+    monkeypatch.setattr(fulltext_union, "_KEEP_UNIONS", 2)
+    unions = tmp_path / "unions"
+    unions.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = fulltext_union._HOST
+    leftovers = {
+        "dead": unions / f"pool-{host}-{dead.pid}-abc",
+        "alive": unions / f"pool-{host}-{os.getppid()}-abc",
+        "elsewhere": unions / f"pool-otherhost-{dead.pid}-abc",
+        "old layout": unions / "union-0123456789abcdef0123",
+    }
+    for d in leftovers.values():
+        d.mkdir()
+    linked: list[int] = []
+    real_symlink = os.symlink
+
+    def counting(src: str, dst: str) -> None:
+        linked.append(1)
+        real_symlink(src, dst)
+
+    monkeypatch.setattr(fulltext_union.os, "symlink", counting)
     db = superfile.connect(f"memory://prune-{os.urandom(6).hex()}", cache_dir=str(tmp_path))
     t = db.create_table("d", pa.schema([("id", pa.int64()), ("text", pa.string())]), fts_columns=["text"])
     first = None
-    for i in range(5):
+    per_commit = []
+    for i in range(6):
         t.append([{"id": i, "text": f"shared words and token{i}"}])
+        before = len(linked)
         assert t.bm25_search("text", "shared", k=10).num_rows == i + 1
+        per_commit.append(len(linked) - before)
         first = first or t.checkout(t.version)
-        assert len([p for p in (tmp_path / "unions").iterdir() if p.name.startswith("union-")]) <= 2
+    assert per_commit[1:] == [per_commit[1]] * 5 and 0 < per_commit[1] <= 8  # one superfile's files a commit
+    pools = [p for p in unions.iterdir() if p.name.startswith(f"pool-{host}-{os.getpid()}-")]
+    assert len(pools) == 1
+
+    def linked_segments() -> set[str]:
+        return {f.name.split(".")[0] for f in pools[0].iterdir() if f.is_symlink()}
+
+    assert len(linked_segments()) == 6
+    assert t.optimize()["superfiles_removed"] == 6
+    assert t.bm25_search("text", "shared", k=10).num_rows == 6
+    t.append([{"id": 6, "text": "shared words and token6"}])
+    assert t.bm25_search("text", "shared", k=10).num_rows == 7
+    assert len(linked_segments()) == 2  # the last two unions' files: the optimized superfile and the new one
     assert first is not None and first.bm25_search("text", "token0", k=5, projection=["id"])["id"].to_pylist() == [0]
+    assert t.bm25_search("text", "token5", k=5, projection=["id"])["id"].to_pylist() == [5]
+    assert not leftovers["dead"].exists() and not leftovers["old layout"].exists()
+    assert leftovers["alive"].exists() and leftovers["elsewhere"].exists()

@@ -260,16 +260,23 @@ class FullTextIndex:
     """
 
     def __init__(
-        self, index: tantivy.Index, tokenizer: str, *, norms: Norms | None = None, directory: str | None = None
+        self,
+        index: tantivy.Index,
+        tokenizer: str,
+        *,
+        norms: Norms | None = None,
+        directory: str | None = None,
+        searcher: tantivy.Searcher | None = None,
     ) -> None:
         """``norms`` (from the blob) or ``directory`` (where the index's files are, to decode them on
-        first use) enable :meth:`candidates` and an exact :attr:`total_tokens`."""
+        first use) enable :meth:`candidates` and an exact :attr:`total_tokens`. ``searcher``: the one to
+        search (default: the index's current one)."""
         self.index = index
         self.tokenizer = tokenizer
         self._analyzer = make_analyzer(tokenizer)
         self._analyzer_lock = threading.Lock()  # a TextAnalyzer is mutably borrowed while it runs
         index.register_tokenizer(analyzer_name(tokenizer), make_analyzer(tokenizer))
-        self.searcher = index.searcher()
+        self.searcher = index.searcher() if searcher is None else searcher
         self.num_docs: int = self.searcher.num_docs
         self._avg_len: float | None = None
         self._norms = norms
