@@ -196,6 +196,22 @@ def storage_bytes(s3: Any, bucket: str) -> dict[str, int]:
     return {"bytes": total, "objects": count, **{f"bytes_{k}": v for k, v in sorted(kinds.items())}}
 
 
+def cache_usage(directory: Path) -> dict[str, int]:
+    """A process's local cache directory: its bytes (links not followed), and how many superfiles have their
+    full-text indexes extracted there (one directory each beside ``superfiles/``, the disk cache's copies,
+    and ``unions/``)."""
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    skip = ("superfiles", "unions")
+    with contextlib.suppress(OSError):
+        extractions = sum(1 for e in os.scandir(directory) if e.is_dir() and e.name not in skip and e.name[0] != ".")
+        return {"bytes": total, "extractions": extractions}
+    return {"bytes": total, "extractions": 0}
+
+
 def slope(ys: list[float]) -> float:
     """Least-squares slope per step (per minute here)."""
     if len(ys) < 2:
@@ -412,6 +428,9 @@ def verdicts(minutes: list[dict[str, Any]], soak: Soak) -> dict[str, Any]:
     out["storage_not_in_current_version_mb"] = trend([x / _MB for x in other], floor=64.0, share=0.10) | {
         "max": max(other) / _MB,
     }
+    extractions = [float(rec["local_cache"]["gateway"]["extractions"]) for rec in half if "local_cache" in rec]
+    if extractions:  # bounded by the live table once released superfiles' extractions are removed
+        out["gateway_extractions_second_half"] = trend(extractions, floor=10.0, share=0.10) | {"max": max(extractions)}
     out["retained_versions_second_half"] = trend(
         [float(rec["retained_versions"]) for rec in half], floor=10.0, share=0.10
     ) | {"max": max(rec["retained_versions"] for rec in half)}
@@ -663,6 +682,7 @@ def main() -> None:
                     rec["load_average"] = os.getloadavg()[0]
                     rec["builder_alive"] = builder.poll() is None
                     rec["deleted_files_mapped_mb"] = {n: deleted_mapped_mb(pid) for n, pid in roots.items()}
+                    rec["local_cache"] = {n: cache_usage(workdir / f"{n}-cache") for n in ("gateway", "builder")}
                     minutes.append(rec)
                     print(
                         f"minute {m}: v{rec['version']} ({rec['retained_versions']} retained), "
