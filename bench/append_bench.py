@@ -9,10 +9,11 @@ inside every commit. Prints and saves medians to bench/results/append.json.
 Small writes (``--small``): a table with a full-text and a vector column gets a
 seed load (``--seed-rows``, both systems build both indexes there), then
 ``--appends`` appends of ``--append-rows`` rows and ``--deletes`` deletes of one
-row (``doc_id = x``), each timed alone, then 30 more appends each followed by a
-top-10 BM25 query timed twice: the first after the commit (what a streaming
-table's reader meets) and once warm; medians (ms) per system, each system in
-its own process, the systems alternating ``--repeat`` times in one run.
+row (``doc_id = x``), each timed alone; and 15 more appends before the deletes
+and 15 after, each followed by a top-10 BM25 query timed twice: the first after
+the commit (what a streaming table's reader meets) and once warm. Medians (ms)
+per system, each system in its own process, the systems alternating
+``--repeat`` times in one run.
 Saves bench/results/small_writes.json.
 
     .venv/bin/python bench/append_bench.py --small --repeat 3
@@ -96,7 +97,7 @@ def _small_workload(
     return rows.slice(0, seed_rows), small, [(i * step * 7919) % total for i in range(deletes)]
 
 
-FRESH_APPENDS = 30  # appends each followed by a query, after the timed writes
+FRESH_APPENDS = 30  # appends each followed by a query: half before the deletes, half after
 FRESH_QUERIES = ["boundary layer flow", "heat transfer", "supersonic wing", "shock wave", "pressure distribution"]
 
 
@@ -145,26 +146,36 @@ def child_small(
         t0 = time.perf_counter()
         add(b)
         append_ms.append((time.perf_counter() - t0) * 1000)
+
+    def freshness(batches: list[Any]) -> tuple[list[float], list[float]]:
+        """The first BM25 query after each append (what a streaming table's readers meet), then the same
+        query again."""
+        first_ms, warm_ms = [], []
+        for i, b in enumerate(batches):
+            add(b)
+            text = FRESH_QUERIES[i % len(FRESH_QUERIES)]
+            for into in (first_ms, warm_ms):
+                t0 = time.perf_counter()
+                hits = bm25(text)
+                into.append((time.perf_counter() - t0) * 1000)
+            assert hits == 10
+        return first_ms, warm_ms
+
+    half = len(fresh) // 2
+    fresh_first, fresh_warm = freshness(fresh[:half])  # no row deleted yet
     delete_ms = []
     for x in doomed:
         t0 = time.perf_counter()
         remove(f"doc_id = {x}")
         delete_ms.append((time.perf_counter() - t0) * 1000)
-    # freshness: the first BM25 query after each append (what a streaming table's readers meet), then again
-    first_ms, warm_ms = [], []
-    for i, b in enumerate(fresh):
-        add(b)
-        text = FRESH_QUERIES[i % len(FRESH_QUERIES)]
-        for into in (first_ms, warm_ms):
-            t0 = time.perf_counter()
-            hits = bm25(text)
-            into.append((time.perf_counter() - t0) * 1000)
-        assert hits == 10
+    deleted_first, deleted_warm = freshness(fresh[half:])  # with deleted rows
     out: dict[str, Any] = {
         "append": _ms(append_ms),
         "delete": _ms(delete_ms),
-        "query_after_append": _ms(first_ms),
-        "query_warm": _ms(warm_ms),
+        "query_after_append": _ms(fresh_first),
+        "query_warm": _ms(fresh_warm),
+        "query_after_append_with_deletes": _ms(deleted_first),
+        "query_warm_with_deletes": _ms(deleted_warm),
         "rows": t.count_rows(),
     }
     if system != "lancedb-small":
@@ -172,7 +183,14 @@ def child_small(
     return out
 
 
-OPS = ("append", "delete", "query_after_append", "query_warm")
+OPS = (
+    "append",
+    "delete",
+    "query_after_append",
+    "query_warm",
+    "query_after_append_with_deletes",
+    "query_warm_with_deletes",
+)
 
 
 def main_small(args: argparse.Namespace) -> None:
