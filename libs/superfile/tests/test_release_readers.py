@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import gc
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -254,3 +255,35 @@ def test_an_extraction_removed_between_its_check_and_its_open_is_extracted_again
     monkeypatch.setattr(archive, "extract", racing)
     _search(t)
     assert raced and Path(raced[0]).is_dir()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_removes_its_own_releases_with_its_own_thread(tmp_path: Path) -> None:
+    """A child forked while the parent's removal thread waits gets none of the parent's state (its thread
+    does not exist there, its lock may be held): it starts its own, and removes what it releases."""
+    parent_side, child_side = tmp_path / "parent", tmp_path / "child"
+    parent_side.mkdir()
+    child_side.mkdir()
+    archive.remove_later([str(parent_side)], delay=3600.0)  # the parent's thread is up and waiting
+    pid = os.fork()
+    if pid == 0:  # the child: only archive's own code, no index or pool of the parent's
+        code = 1
+        try:
+            archive.remove_later([str(child_side)], delay=0.0)
+            if _wait_until(lambda: not child_side.exists(), timeout=10.0) and parent_side.exists():
+                code = 0
+        finally:
+            os._exit(code)
+    exited: list[int] = []
+
+    def child_exited() -> bool:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            exited.append(os.waitstatus_to_exitcode(status))
+        return bool(done)
+
+    if not _wait_until(child_exited, timeout=30.0):  # a child stuck on the parent's lock
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert exited == [0]
+    assert parent_side.exists() and not child_side.exists()

@@ -130,7 +130,7 @@ def _complete(path: str, files: list[tuple[str, int, int]]) -> bool:
 
 class _Removals:
     """Extractions to remove, each when its grace period has passed, by one daemon thread (started on first
-    use, and again in a forked child, which has none)."""
+    use)."""
 
     def __init__(self) -> None:
         self._due: list[tuple[float, str]] = []
@@ -142,7 +142,7 @@ class _Removals:
         with self._cond:
             for path in paths:
                 heapq.heappush(self._due, (at, path))
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="superfile-extractions", daemon=True)
                 self._thread.start()
             self._cond.notify()
@@ -157,6 +157,16 @@ class _Removals:
 
 
 _removals = _Removals()
+
+
+def _forget_removals() -> None:
+    """In a forked child: the parent's thread does not exist here, nor may its lock be free; what the parent
+    was to remove stays the parent's to remove."""
+    global _removals
+    _removals = _Removals()
+
+
+os.register_at_fork(after_in_child=_forget_removals)
 
 
 def remove_later(paths: Iterable[str], delay: float | None = None) -> None:

@@ -293,14 +293,23 @@ class _Pool:
 
 
 _HOST = "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"  # pools are per host and pid
-_pools: dict[tuple[int, str, str], _Pool] = {}
+_pools: dict[str, _Pool] = {}
 _pools_lock = threading.Lock()
+
+
+def _forget_pools() -> None:
+    """In a forked child: the parent's pools (their indexes, their locks) are the parent's; it makes its own."""
+    global _pools, _pools_lock, _layouts_lock
+    _pools, _pools_lock, _layouts_lock = {}, threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
 
 
 def _pool(cache_dir: str, meta: dict[str, Any], tokenizer: str) -> _Pool:
     """This process's pool for the index schema of ``meta`` under ``cache_dir`` (made on first use)."""
     schema = json.dumps(meta.get("schema"), sort_keys=True)
-    key = (os.getpid(), os.path.abspath(cache_dir), schema)  # a forked child makes its own
+    key = f"{os.path.abspath(cache_dir)}#{schema}"
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
