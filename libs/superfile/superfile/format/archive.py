@@ -106,10 +106,7 @@ def extract(blob: memoryview, path: str, source: str, *, skip: Collection[str] =
             with open(os.path.join(tmp, name), "wb") as fh:
                 fh.write(blob[start : start + size])
         if os.path.isdir(path) and not _complete(path, files):
-            stale = tempfile.mkdtemp(prefix=".stale-", dir=parent)
-            with contextlib.suppress(OSError):  # another extractor may have moved it first
-                os.rename(path, os.path.join(stale, "index"))
-            shutil.rmtree(stale, ignore_errors=True)
+            _remove(path)  # another extractor may have moved it first
         try:
             os.rename(tmp, path)
         except OSError:
@@ -182,6 +179,6 @@ def _remove(path: str) -> None:
         stale = tempfile.mkdtemp(prefix=".stale-", dir=parent)
     except OSError:  # the cache directory itself is gone
         return
-    with contextlib.suppress(OSError):  # already removed (another process's release)
+    with contextlib.suppress(OSError):  # already moved (another process's release or extraction)
         os.rename(path, os.path.join(stale, "index"))
     shutil.rmtree(stale, ignore_errors=True)

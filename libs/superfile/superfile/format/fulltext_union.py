@@ -198,14 +198,15 @@ def union_of(parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool) -
     # A part built in several segments has them in meta.json order, which need not be row order.
     ordered = ordered and all(len(x.meta["segments"]) <= 1 for x in layouts)
     pool = _pool(cache_dir, layouts[0].meta, parts[0].tokenizer)
-    index, searcher = pool.searcher(parts, layouts)
+    index, searcher = pool.searcher(layouts)
     return UnionIndex(index, searcher, part_of, ordered)
 
 
 @dataclass(frozen=True)
 class _Layout:
-    """A part's ``meta.json``, its segments as JSON, and the names of its segments' files."""
+    """A part's directory, its ``meta.json``, its segments as JSON, and the names of its segments' files."""
 
+    directory: str
     meta: dict[str, Any]
     segments: str  # the entries of meta["segments"], serialised and comma-separated
     opstamp: int
@@ -227,7 +228,8 @@ def _layout(part: FullTextIndex) -> _Layout:
             raise ValueError("a part has no directory")
         meta = read_meta(part.directory)
         segments = ",".join(json.dumps(seg) for seg in meta["segments"])
-        known = _Layout(meta, segments, int(meta.get("opstamp", 0)), tuple(segment_files(part.directory, meta)))
+        files = tuple(segment_files(part.directory, meta))
+        known = _Layout(part.directory, meta, segments, int(meta.get("opstamp", 0)), files)
         with _layouts_lock:
             _layouts[part] = known
     return known
@@ -243,23 +245,20 @@ class _Pool:
         self._linked: set[str] = set()
         self._recent: deque[set[str]] = deque(maxlen=_KEEP_UNIONS)  # the files of the latest unions
 
-    def searcher(self, parts: Sequence[FullTextIndex], layouts: list[_Layout]) -> tuple[tantivy.Index, Any]:
+    def searcher(self, layouts: list[_Layout]) -> tuple[tantivy.Index, Any]:
         """The pool's index and a searcher over exactly these parts' segments, in order."""
         with self._lock:
             try:
-                return self._searcher(parts, layouts, repair=False)
+                return self._searcher(layouts, repair=False)
             except (OSError, ValueError):  # a link left dangling (its extraction was removed): link anew
-                return self._searcher(parts, layouts, repair=True)
+                return self._searcher(layouts, repair=True)
 
-    def _searcher(
-        self, parts: Sequence[FullTextIndex], layouts: list[_Layout], *, repair: bool
-    ) -> tuple[tantivy.Index, Any]:
+    def _searcher(self, layouts: list[_Layout], *, repair: bool) -> tuple[tantivy.Index, Any]:
         if not os.path.isdir(self.path):  # first use, or removed under it: start over
             os.makedirs(self.path, exist_ok=True)
             self._index, self._linked = None, set()
         names: set[str] = set()
-        for part, layout in zip(parts, layouts, strict=True):
-            assert part.directory is not None
+        for layout in layouts:
             names.update(layout.files)
             for name in layout.files if repair else set(layout.files) - self._linked:
                 link = os.path.join(self.path, name)
@@ -267,7 +266,7 @@ class _Pool:
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(link)
-                os.symlink(os.path.join(part.directory, name), link)
+                os.symlink(os.path.join(layout.directory, name), link)
                 self._linked.add(name)
         # meta.json: the first part's, listing every part's segments (each part's serialised once)
         head = {**layouts[0].meta, "segments": _SEGMENTS, "opstamp": max(x.opstamp for x in layouts)}
