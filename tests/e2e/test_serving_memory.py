@@ -1,7 +1,7 @@
 """Every serving process (gateway, query root, cache node) starts with the memory settings of a process that
 runs for months (``superfile.allocator.tune_for_serving``; docs/gateway.md, "Memory"): each entry point is run
-for real in a fresh process, on a port already taken so that uvicorn gives up at once, and the thread that
-hands memory back must be running by then."""
+for real in a fresh process, on a port already taken so that uvicorn gives up at once, and by then the thread
+that hands memory back must be running and Arrow must allocate from the decode pool."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ try:
     module.main([port if a == "PORT" else a for a in sys.argv[2:]])
 except SystemExit:
     pass  # uvicorn could not bind: what ran before it is what is checked
+import pyarrow as pa
+from superfile.format.reader import decode_pool
+print(pa.default_memory_pool().backend_name, decode_pool().backend_name)
 print(",".join(t.name for t in threading.enumerate()))
 """
 
@@ -57,4 +60,7 @@ def test_a_serving_process_starts_its_memory_release(service: str, tmp_path: Pat
     done = subprocess.run([sys.executable, "-c", _RUN, *argv], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "address already in use" in done.stderr.lower(), done.stderr[-2000:]  # it got as far as uvicorn
-    assert "superfile-release" in done.stdout.strip().splitlines()[-1].split(","), done.stdout
+    *_, pools, threads = done.stdout.strip().splitlines()
+    assert "superfile-release" in threads.split(","), done.stdout
+    default, decode = pools.split()
+    assert default == decode == "jemalloc", pools  # what pool threads free goes back (test_allocator.py)

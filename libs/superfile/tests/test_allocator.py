@@ -202,3 +202,48 @@ def test_a_thread_arena_hands_back_its_top_only_when_bounded(bounded: bool) -> N
         assert left <= 12, left  # at most the 8 MiB trim threshold stays
     else:
         assert left >= 30, left  # the control: if this fails, glibc changed and the bounded case proves nothing
+
+
+def pool_threads_left_megabytes(serving: bool) -> float:
+    """In the process it runs in (after :func:`~superfile.allocator.tune_for_serving` when ``serving``, with a
+    release every 50 ms; otherwise that release alone): 4 pool threads that stay alive, as a server's do, make
+    and free 40 touched MiB of Arrow buffers each; then up to 40 s for the memory to go (jemalloc's dirty and
+    then muzzy pages decay over 10 s each: about 22 s here). Returns the anonymous memory (MB) that stays."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+    from superfile.allocator import release_periodically, tune_for_serving
+
+    if serving:
+        tune_for_serving(release_every_s=0.05)
+    else:
+        release_periodically(0.05)
+    base = _anon_mb()
+
+    def churn(_: int) -> None:
+        buffers = [pa.allocate_buffer(_MIB) for _ in range(40)]
+        for b in buffers:
+            ctypes.memset(b.address, 1, _MIB)
+
+    pool = ThreadPoolExecutor(4)
+    list(pool.map(churn, range(4)))
+    deadline = time.monotonic() + (40 if serving else 3)
+    while _anon_mb() - base > 16 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _anon_mb() - base
+    pool.shutdown()
+    return left
+
+
+@pytest.mark.parametrize("serving", [False, True])
+def test_what_the_reading_threads_free_goes_back_in_a_serving_process(serving: bool) -> None:
+    """A server's reads allocate Arrow buffers on pool threads that live for months. mimalloc (pyarrow's default
+    pool) keeps the pages a thread freed until that thread hands them back, which a release from another thread
+    does not do; a serving process allocates from the decode pool (jemalloc) instead (docs/gateway.md,
+    "Memory")."""
+    left = float(_in_new_process(f"t.pool_threads_left_megabytes({serving})"))
+    if serving:
+        assert left <= 16, left
+    else:
+        assert left >= 100, left  # the control: if this fails, mimalloc changed and the serving case proves nothing
