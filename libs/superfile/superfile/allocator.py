@@ -28,10 +28,11 @@ the soak's builder and of its compaction process by about 12 MB a minute each; o
 
 A fourth kept the serving processes growing: mimalloc's free pages belong to the thread that allocated them,
 and only that thread hands them back, so a release from any other thread leaves those of the pool threads
-that serve the reads. Buffers made and freed on 4 pool threads with 87 MB left live: 253-274 MB stayed after
-the release and 12 s idle; with jemalloc (its decay purges from a background thread), 177 MB. Following 40
-commits with 4 reading threads, a process went from 117 to 210 MB (mimalloc's arena 60 MB of the rise),
-and from 93 to 105 MB with jemalloc. So :func:`tune_for_serving` makes the decode pool Arrow's default pool.
+that serve the reads. jemalloc's decay purges from a background thread, whichever thread freed the pages
+(``test_allocator.py``: of 160 MiB freed on 4 live pool threads, mimalloc kept more than 64 MB, jemalloc
+at most 16 within ~22 s). A reader following 40 commits with 4 reading threads went from 108 to 196-206 MB
+with mimalloc, from 104 to 123-125 MB with jemalloc (``bench/reader_memory.py``). So
+:func:`tune_for_serving` makes the decode pool Arrow's default pool.
 """
 
 from __future__ import annotations

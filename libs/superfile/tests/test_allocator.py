@@ -246,4 +246,4 @@ def test_what_the_reading_threads_free_goes_back_in_a_serving_process(serving: b
     if serving:
         assert left <= 16, left
     else:
-        assert left >= 100, left  # the control: if this fails, mimalloc changed and the serving case proves nothing
+        assert left >= 64, left  # of 160 MiB; the control: if this fails, the serving case proves nothing
