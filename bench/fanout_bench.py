@@ -422,15 +422,21 @@ class Bench:
 
     @contextmanager
     def profiled(self, out_dir: str | None) -> Iterator[None]:
-        """With ``out_dir``: py-spy records the query root and the fan-out gateway (the thread holding the GIL) while
-        the block runs, one speedscope file each."""
+        """With ``out_dir``: py-spy records the query root, the fan-out gateway, cache node 0 and the embedded
+        gateway (the thread holding the GIL) while the block runs, one speedscope file each."""
         if out_dir is None:
             yield
             return
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         spy = str(Path(sys.executable).with_name("py-spy"))
         procs = []
-        for name, server in (("query-root", self.query_root), ("gateway-fanout", self.gw_fanout)):
+        servers = {
+            "query-root": self.query_root,
+            "gateway-fanout": self.gw_fanout,
+            "cache-node-0": self.nodes[0],
+            "gateway-embedded": self.gw_embedded,
+        }
+        for name, server in servers.items():
             argv = [spy, "record", "--pid", str(server.proc.pid), "--rate", "100", "--gil", "--format", "speedscope",
                     "--output", str(Path(out_dir, f"{name}.speedscope.json")), "--nonblocking"]  # fmt: skip
             with open(Path(out_dir, f"{name}.py-spy.log"), "wb") as log:
@@ -823,8 +829,8 @@ def main() -> None:
                    help="the phases to run, comma-separated (a run of fewer saves bench/results/fanout_<phases>.json "
                         "without earlier runs' summaries)")  # fmt: skip
     p.add_argument("--py-spy", metavar="DIR",
-                   help="record the query root and the fan-out gateway with py-spy during the latency phase "
-                        "(speedscope profiles in DIR)")  # fmt: skip
+                   help="record the query root, the fan-out gateway, cache node 0 and the embedded gateway with py-spy "
+                        "during the latency phase (speedscope profiles in DIR)")  # fmt: skip
     args = p.parse_args()
     if args.reproject:
         for name in ("fanout", "fanout_nohedge"):

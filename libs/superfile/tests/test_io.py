@@ -25,7 +25,7 @@ from superfile.errors import (
 )
 from superfile.io import Storage, from_uri
 from superfile.io.local import LocalStorage
-from superfile.io.s3 import S3Storage
+from superfile.io.s3 import _SIGNED_KEYS, S3Storage
 from superfile_suite.faults import Faults, FaultyHttpProxy, Request
 
 MiB = 1024 * 1024
@@ -417,3 +417,48 @@ def test_s3_reads_give_up_after_bounded_attempts(s3_endpoint: str, s3_bucket: st
             store.read_range("obj", 0, 50_000)
         assert time.monotonic() - started < 10
         assert proxy.faults.injected == 3
+
+
+def _client_gets(store: Storage) -> list[str]:
+    """The keys of the GetObject calls made through ``store``'s S3 client from now on (botocore's own hook)."""
+    assert isinstance(store, S3Storage)
+    keys: list[str] = []
+    store._client.meta.events.register("before-call.s3.GetObject", lambda params, **_: keys.append(params["url_path"]))
+    return keys
+
+
+def test_s3_read_with_etag_reads_each_new_version_without_a_client_call(s3_endpoint: str, s3_bucket: str) -> None:
+    """The per-query pointer read goes through a presigned URL on the client's connections (a third of the CPU
+    of a client call): it still answers the object as it is now, with S3's etag."""
+    store = from_uri(_s3_uri(s3_bucket, s3_endpoint))
+    gets = _client_gets(store)
+    direct = boto3.client("s3", endpoint_url=s3_endpoint)
+    for version in range(5):
+        etag = store.write("_pointer.json", f'{{"version": {version}}}'.encode())
+        data, seen = store.read_with_etag("_pointer.json")
+        assert (data, seen) == (f'{{"version": {version}}}'.encode(), etag)
+        assert seen == direct.get_object(Bucket=s3_bucket, Key="p/_pointer.json")["ETag"]
+    assert gets == []
+    with pytest.raises(ObjectNotFoundError):  # a refusal (here a 404) is the client call's to answer
+        store.read_with_etag("missing.json")
+    assert len(gets) == 1
+
+
+def test_s3_read_with_etag_falls_back_to_the_client_when_refused(s3_endpoint: str, s3_bucket: str) -> None:
+    etag = from_uri(_s3_uri(s3_bucket, s3_endpoint)).write("_pointer.json", b"{}")
+    with FaultyHttpProxy(s3_endpoint, Faults(refuse=1.0, limit=1, match=_gets)) as proxy:
+        store = from_uri(_s3_uri(s3_bucket, proxy.endpoint))
+        gets = _client_gets(store)
+        assert store.read_with_etag("_pointer.json") == (b"{}", etag)  # the 503 answers the presigned GET
+        assert proxy.faults.injected == 1 and len(gets) == 1
+        assert store.read_with_etag("_pointer.json") == (b"{}", etag)  # signed afresh, no client call
+        assert len(gets) == 1
+
+
+def test_s3_presigned_reads_keep_a_bounded_number_of_urls(s3_endpoint: str, s3_bucket: str) -> None:
+    store = from_uri(_s3_uri(s3_bucket, s3_endpoint))
+    assert isinstance(store, S3Storage)
+    for i in range(100):  # a long-running writer reads each object its conditional puts lost to, once
+        etag = store.write(f"o{i}", b"x")
+        assert store.read_with_etag(f"o{i}") == (b"x", etag)
+    assert 0 < len(store._signed) <= _SIGNED_KEYS
