@@ -12,7 +12,6 @@ query service, which fans out to three cache nodes (real processes on 127.0.0.1)
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -26,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
-import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -337,9 +335,9 @@ def _root_search(
 
 
 def test_query_root_search_path_answers_as_the_app(setup: Setup) -> None:
-    """The root answers a forwarded search ahead of FastAPI (``SearchFirst``); a query string sends the same
-    request through the gateway's app. Both answer alike: the rows, and every refusal (token, grants, body,
-    table, column) with the same status and error."""
+    """The root answers a forwarded search ahead of FastAPI (``SearchFirst``, as an embedded gateway does:
+    ``test_gateway_http.py``); a query string sends the same request through the gateway's app. Both answer
+    alike: the rows, and every refusal (token, grants, body, table, column) with the same status and error."""
     fleet = setup.fleet
     bm25 = json.dumps({"column": "title", "query": "gamma wave", "k": 5, "projection": ["key"]}).encode()
     vector = json.dumps({"column": "emb", "vector": [0.5] * DIM, "k": 4, "projection": ["key"]}).encode()
@@ -370,39 +368,6 @@ def test_query_root_search_path_answers_as_the_app(setup: Setup) -> None:
         assert fast == app, (path, body[:80], token, headers)
     statuses = [_root_search(fleet, path, body, token, headers)[0] for path, body, token, headers in cases]
     assert statuses == [200, 200, 200, 403, 400, 401, 401, 401, 400, 422, 400, 422, 422, 422, 400, 404, 404]
-
-
-def test_search_first_answers_a_forwarded_search_without_the_app(tmp_path: Any) -> None:
-    """``SearchFirst`` (in process, over an embedded table) answers a valid search itself and hands the gateway's
-    app only what it does not accept: the app's answer to those is checked against it above."""
-    from superfile_gateway.app import create_app as create_gateway_app
-    from superfile_query.app import SearchFirst, query_settings
-
-    app = create_gateway_app(query_settings(f"file://{tmp_path}", "the-token"))
-    gw = app.state.gateway
-    gw.db.create_table("t", pa.schema([("text", pa.string())]), fts_columns=["text"]).append(
-        pa.table({"text": ["alpha beta", "beta gamma"]})
-    )
-    handed: list[str] = []
-
-    async def spy(scope: Any, receive: Any, send: Any) -> None:
-        handed.append(scope["path"])
-        await app(scope, receive, send)
-
-    async def search(body: bytes, token: str = "the-token") -> int:
-        transport = httpx.ASGITransport(app=SearchFirst(spy, gw))  # type: ignore[arg-type]
-        async with httpx.AsyncClient(transport=transport, base_url="http://root") as client:
-            headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
-            return (await client.post("/tables/t/search/bm25", content=body, headers=headers)).status_code
-
-    try:
-        assert asyncio.run(search(b'{"column": "text", "query": "beta", "k": 5}')) == 200
-        assert handed == []
-        assert asyncio.run(search(b'{"column": "text", "query": "beta", "k": "5"}')) == 422
-        assert asyncio.run(search(b'{"column": "text", "query": "beta"}', token="wrong")) == 401
-        assert handed == ["/tables/t/search/bm25"] * 2
-    finally:
-        gw.close()
 
 
 def test_missing_superfile(setup: Setup) -> None:

@@ -24,7 +24,7 @@ from superfile_gateway.errors import install_error_handlers
 from superfile_gateway.gateway import At, Gateway, parse_as_of
 from superfile_gateway.guard import Guard
 from superfile_gateway.pages import install_pages
-from superfile_gateway.routes import RESOURCES, forward
+from superfile_gateway.routes import RESOURCES, forward, search
 from superfile_gateway.settings import Settings
 from superfile_gateway.strict_json import strict_body
 from superfile_gateway.writes import WritePath
@@ -93,8 +93,8 @@ def create_app(settings: Settings, *, writes: WritePath | None = None) -> FastAP
         app.include_router(router)
     install_pages(app)  # /docs, /redoc and the playground at /
 
-    if gw.query_service is not None:  # searches forwarded ahead of the routing, inside Guard
-        app.add_middleware(forward.ForwardFirst, gw=gw)
+    # searches ahead of the routing, inside Guard: forwarded to the query service, or answered here
+    app.add_middleware(forward.ForwardFirst if gw.query_service is not None else search.SearchFirst, gw=gw)
     app.add_middleware(
         Guard,
         max_body_bytes=settings.max_body_bytes,

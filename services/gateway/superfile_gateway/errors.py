@@ -25,7 +25,7 @@ def error_response(status: int, type_name: str, message: str) -> JSONResponse:
 
 def error_of(exc: Exception, errors: Counter, where: str) -> JSONResponse:
     """The answer the handlers below give to an error raised by a route's work (the routes answered ahead of the
-    app, ``ForwardFirst`` and the query root's ``SearchFirst``, answer theirs with it too)."""
+    app, ``ForwardFirst`` and ``SearchFirst``, answer theirs with it too)."""
     if isinstance(exc, SuperfileError):
         name = type(exc).__name__
         errors.labels(type=name).inc()

@@ -18,24 +18,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
-from starlette.types import Receive, Scope, Send
 from superfile.errors import SuperfileError
 from superfile.remote.errors import AuthenticationError
 from superfile.search.fleet import Fleet
-from superfile.search.request import KINDS, SearchRequest
 from superfile_gateway.app import Gateway
 from superfile_gateway.app import create_app as create_gateway_app
-from superfile_gateway.auth import Principal
-from superfile_gateway.deps import caller
-from superfile_gateway.errors import error_of
-from superfile_gateway.gateway import LATEST
-from superfile_gateway.guard import replay
-from superfile_gateway.models import SEARCH_BODIES
 from superfile_gateway.settings import Settings, parse_api_keys
-from superfile_gateway.strict_json import is_json, loads
 
-__all__ = ["SearchFirst", "Warmer", "create_app", "query_settings"]
+__all__ = ["Warmer", "create_app", "query_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -122,90 +112,9 @@ def cluster(fleet: Fleet, warmer: Warmer) -> dict[str, Any]:
     }
 
 
-class SearchFirst:
-    """The root's ASGI app: a search forwarded by a gateway (``POST /tables/{name}/search/{kind}``, a JSON body,
-    no query string) goes from the server straight to ``Gateway.search``; everything else, and any search this
-    path does not accept as it stands, goes to the gateway's FastAPI app (``app``).
-
-    Every read a gateway forwards is one of these, so this is the root's hot path: it skips the framework's
-    routing, middleware and dependency machinery (about 1 ms of CPU of the ~7 a root spent per search). It runs
-    the same steps with the same functions (the caller's key and forwarded grants, the strict JSON parse, the
-    kind's body model, then the read with its scope check, admission and limits) and counts the request as the
-    app's ``Guard`` does. A request that fails any step before the read (no token, a body that is too large,
-    malformed or invalid) is handed to the app with its body, which answers it as it answers every request;
-    an error of the read is answered as the app's error handlers answer it."""
-
-    def __init__(self, app: FastAPI, gw: Gateway) -> None:
-        self.app = app
-        self.gw = gw
-        self.max_body_bytes = gw.settings.max_body_bytes
-        self._routes = {kind: f"/tables/{{name}}/search/{kind}" for kind in KINDS}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        parts: list[str] = scope["path"].split("/") if scope["type"] == "http" and scope["method"] == "POST" else []
-        if (
-            len(parts) != 5
-            or parts[1] != "tables"
-            or parts[3] != "search"
-            or parts[4] not in SEARCH_BODIES
-            or not parts[2]
-            or scope["query_string"]
-        ):
-            await self.app(scope, receive, send)
-            return
-        body = await self._body(scope, receive)
-        if body is None:  # too large, or the client went away: the app answers it (413, or nothing)
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope)
-        kind = parts[4]
-        try:
-            who = caller(self.gw, request.headers)
-            if not is_json(request.headers.get("content-type")) or not body:
-                raise ValueError("not a JSON body")
-            search = KINDS[kind](**SEARCH_BODIES[kind].model_validate(loads(body), from_attributes=True).model_dump())
-        except Exception:
-            await self.app(scope, replay(body, receive), send)  # its answer to what this path does not accept
-            return
-        self.gw.inflight.count += 1
-        status = 500
-        try:
-            response = await self._search(request, who, parts[2], search)
-            status = response.status_code
-            await response(scope, receive, send)
-        finally:
-            self.gw.inflight.count -= 1
-            self.gw.requests.labels(method="POST", route=self._routes[kind], status=str(status)).inc()
-
-    async def _search(self, request: Request, who: Principal, name: str, search: SearchRequest) -> Response:
-        """``Gateway.search``'s answer, or its error as the app's handlers answer it (errors.py)."""
-        try:
-            return await self.gw.search(request, who, name, LATEST, None, search)
-        except Exception as exc:
-            return error_of(exc, self.gw.errors, f"POST {request.url.path}")
-
-    async def _body(self, scope: Scope, receive: Receive) -> bytes | None:
-        """The whole body, or None past the body limit (declared or streamed) or when the client went away."""
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
-                return None
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
-
-
-def create_app(settings: Settings) -> SearchFirst:
-    """The query service's ASGI app: :class:`SearchFirst` over the gateway's app with ``/v1/cluster``."""
+def create_app(settings: Settings) -> FastAPI:
+    """The query service's ASGI app: the gateway's app (searches answered ahead of its routing by
+    ``SearchFirst``, as an embedded gateway answers them) with ``/v1/cluster``."""
     app = create_gateway_app(settings)
     gw: Gateway = app.state.gateway
     fleet = gw.db.fleet
@@ -223,4 +132,4 @@ def create_app(settings: Settings) -> SearchFirst:
             raise AuthenticationError("GET /v1/cluster needs the internal token")
         return cluster(fleet, warmer)
 
-    return SearchFirst(app, gw)
+    return app

@@ -280,3 +280,75 @@ def test_json_is_strict_both_ways(http: httpx.Client, engine: superfile.Connecti
         response = http.post("/tables/floats/append", headers=json_type, content=b'[{"id": 9, "x": ' + token + b"}]")
         assert error_of(response) == (400, "InvalidInputError") and token.decode() in response.text
     assert state(engine, "floats") == before
+
+
+def test_search_path_answers_as_the_app(http: httpx.Client, tables: list[str]) -> None:
+    """A search of the latest version is answered ahead of FastAPI (``SearchFirst``); a query string sends the
+    same request through the app's route. Both answer alike: the rows, and every refusal (key, scope, body,
+    table, column) with the same status and error."""
+    bm25 = json.dumps({"column": "title", "query": "document flow", "k": 5, "projection": ["key"]}).encode()
+    vector = json.dumps({"column": "emb", "vector": [1.0, 2.0, 0.0, 0.5], "k": 4, "projection": ["key"]}).encode()
+    cases: list[tuple[str, bytes, dict[str, str]]] = [
+        ("/tables/docs/search/bm25", bm25, ADMIN),
+        ("/tables/docs/search/vector", vector, {"x-api-key": "reader-key"}),
+        ("/tables/docs/search/bm25", bm25, {"Authorization": "Bearer docs-writer"}),
+        ("/tables/other/search/bm25", bm25, {"Authorization": "Bearer docs-writer"}),  # 403: not its tables
+        ("/tables/docs/search/bm25", bm25, {}),  # 401
+        ("/tables/docs/search/bm25", bm25, {"Authorization": "Bearer not-a-key"}),  # 401
+        ("/tables/docs/search/bm25", b"not json", ADMIN),  # 400
+        ("/tables/docs/search/bm25", b"", ADMIN),  # 422
+        ("/tables/docs/search/vector", b'{"column": "emb", "vector": [NaN], "k": 3}', ADMIN),  # 400
+        ("/tables/docs/search/bm25", b'{"column": "title", "query": "x", "k": "5"}', ADMIN),  # 422
+        ("/tables/docs/search/bm25", b'{"column": "title", "query": "x", "nope": 1}', ADMIN),  # 422
+        ("/tables/docs/search/bm25", bm25, {**ADMIN, "content-type": "text/plain"}),  # 422
+        ("/tables/docs/search/bm25", b'{"column": "nope", "query": "x"}', ADMIN),  # the engine's 4xx
+        ("/tables/nope/search/bm25", bm25, ADMIN),  # 404
+        ("/tables/docs/search/nope", bm25, ADMIN),  # 404, not a route
+    ]
+    statuses = []
+    for path, body, headers in cases:
+        sent = {"content-type": "application/json", **headers}
+        fast = http.post(path, content=body, headers=sent)
+        app = http.post(f"{path}?through=app", content=body, headers=sent)
+        assert (fast.status_code, fast.content, fast.headers.get("content-type")) == (
+            app.status_code,
+            app.content,
+            app.headers.get("content-type"),
+        ), (path, body[:80], headers)
+        statuses.append(fast.status_code)
+    assert statuses == [200, 200, 200, 403, 401, 401, 400, 422, 400, 422, 422, 422, 400, 404, 404]
+
+
+def test_search_first_answers_a_search_without_the_app(tmp_path: Path) -> None:
+    """``SearchFirst`` (in process, over an embedded gateway) answers a valid search itself and hands the app
+    only what it does not accept: the app's answer to those is checked against it above."""
+    import asyncio
+
+    from superfile_gateway.app import create_app
+    from superfile_gateway.routes.search import SearchFirst
+
+    app = create_app(Settings(storage=f"file://{tmp_path}", api_keys=parse_api_keys("the-key:*:rw")))
+    gw = app.state.gateway
+    gw.db.create_table("t", pa.schema([("text", pa.string())]), fts_columns=["text"]).append(
+        pa.table({"text": ["alpha beta", "beta gamma"]})
+    )
+    handed: list[str] = []
+
+    async def spy(scope: dict[str, object], receive: object, send: object) -> None:
+        handed.append(str(scope["path"]))
+        await app(scope, receive, send)  # type: ignore[arg-type]
+
+    async def search(body: bytes, key: str = "the-key") -> int:
+        transport = httpx.ASGITransport(app=SearchFirst(spy, gw=gw))  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+            return (await client.post("/tables/t/search/bm25", content=body, headers=headers)).status_code
+
+    try:
+        assert asyncio.run(search(b'{"column": "text", "query": "beta", "k": 5}')) == 200
+        assert handed == []
+        assert asyncio.run(search(b'{"column": "text", "query": "beta", "k": "5"}')) == 422
+        assert asyncio.run(search(b'{"column": "text", "query": "beta"}', key="wrong")) == 401
+        assert handed == ["/tables/t/search/bm25"] * 2
+    finally:
+        gw.close()
