@@ -608,12 +608,13 @@ def data_version() -> str:
 
 
 def superfile_format() -> str:
-    """What the superfile table depends on besides its rows: the code that writes superfiles. A table written
-    before a layout change (as page reads made) would measure the old layout, so it is built again."""
-    from superfile.format import layout, writer
+    """What the superfile table depends on besides its rows: the code that writes superfiles, their indexes
+    included. A table written before a layout or index change (as page reads made) would measure the old one,
+    so it is built again."""
+    from superfile.format import fulltext, layout, scalar_index, vector_index, writer
 
     digest = hashlib.sha256()
-    for module in (layout, writer):
+    for module in (layout, writer, fulltext, scalar_index, vector_index):
         digest.update(inspect.getsource(module).encode())
     return digest.hexdigest()[:16]
 
