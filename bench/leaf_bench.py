@@ -68,7 +68,7 @@ class LocalFleet:
         return answers
 
 
-def searches(snap: Snapshot, texts: list[str], vectors: np.ndarray) -> dict[str, Callable[[Searcher, int], pa.Table]]:
+def searches(texts: list[str], vectors: np.ndarray) -> dict[str, Callable[[Searcher, int], pa.Table]]:
     return {
         "bm25": lambda s, i: s.bm25_search("text", texts[i], K, "any", PROJECTION),
         "vector": lambda s, i: s.vector_search(
@@ -95,9 +95,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     )
     owner = {path: node for node, share in owned.items() for path in share}
     q = queries()
-    texts, vectors = q["text"].to_pylist(), query_vectors(q)
+    texts, vectors = [str(t) for t in q["text"].to_pylist()], query_vectors(q)
     out: dict[str, Any] = {"superfiles": len(entries), "shares": {n: len(s) for n, s in owned.items()}}
-    for kind, search in searches(snap, texts, vectors).items():
+    for kind, search in searches(texts, vectors).items():
         fleet = LocalFleet(owner)
         n = len(texts)
         for i in range(min(n, 20)):  # warm: unions, opened superfiles, the root's term statistics
