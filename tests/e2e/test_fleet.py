@@ -7,7 +7,8 @@ query service, which fans out to three cache nodes (real processes on 127.0.0.1)
 - warm on commit downloads each superfile once fleet-wide, onto its owner, and a fourth node takes about a
   quarter of them;
 - bad input gets typed answers: 401 without the internal token, 400 for a malformed leaf request, and a
-  superfile missing from storage is a ``SuperfileMissingError`` naming it, at the node and through the SDK.
+  superfile missing from storage is a ``SuperfileMissingError`` naming it, at the node and through the SDK;
+- a commit's BM25 statistics are gathered for the terms searched lately before the next search needs them.
 """
 
 from __future__ import annotations
@@ -406,6 +407,32 @@ def test_missing_superfile(setup: Setup) -> None:
             assert setup.missing in str(raised.value), (what, db, raised.value)
     assert once.open_table("docs").count_rows("key > 3") > 0  # the other tables are untouched
     once.close()
+
+
+def test_a_commit_s_statistics_are_gathered_before_the_next_search(setup: Setup) -> None:
+    """On each commit it sees, the query service gathers the BM25 statistics of the terms searched lately for
+    the new version, from the new superfile's owner only: the next search of them runs without that round,
+    and still answers as embedded."""
+    fleet, emb = setup.fleet, setup.emb
+    stream = emb.create_table(
+        "stream", DOCS_SCHEMA, fts_columns=["title"], vector_columns={"emb": DIM}, max_rows_per_superfile=100
+    )
+    stream.append(_docs(2000, 2300))
+    remote = setup.sdk.open_table("stream")
+
+    def search(t: Any) -> pa.Table:
+        return t.bm25_search("title", "gamma shock vortex", k=25, projection=["key"])
+
+    def stats_calls() -> float:
+        return _query_counter(fleet, 'superfile_query_leaf_duration_seconds_count{op="bm25_stats"}')
+
+    _same(search(stream), search(remote), "the first version")  # its terms are now the ones searched lately
+    before = stats_calls()
+    stream.append(_docs(2300, 2400))  # one more superfile
+    wait_until(lambda: stats_calls() > before, 30, "the query service to gather the new version's statistics")
+    warmed = stats_calls()
+    _same(search(stream), search(remote), "the version after the commit")
+    assert stats_calls() == warmed, "the search asked the leaves for statistics the commit's warm-up gathered"
 
 
 def test_cache_node_killed_mid_reads(setup: Setup) -> None:

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from superfile.errors import SuperfileError
 from superfile.remote.errors import AuthenticationError
 from superfile.search.fleet import Fleet
+from superfile.search.root import RootSearcher
 from superfile_gateway.app import Gateway
 from superfile_gateway.app import create_app as create_gateway_app
 from superfile_gateway.settings import Settings, parse_api_keys
@@ -56,7 +57,9 @@ def query_settings(
 
 
 class Warmer:
-    """Every ``interval_s``, each table whose manifest or whose fleet changed is warmed on its owners."""
+    """Every ``interval_s``, each table whose manifest or whose fleet changed is warmed on its owners: its new
+    superfiles are copied to them, and the BM25 statistics of the terms searched lately are gathered for the
+    new version (``RootSearcher.warm_term_stats``), so a search right after a commit skips that round."""
 
     def __init__(self, gateway: Gateway, fleet: Fleet, interval_s: float = 1.0) -> None:
         self._gateway = gateway
@@ -85,6 +88,7 @@ class Warmer:
             if self._warmed.get(name) != seen:
                 self.paths[name] = self._fleet.warm(snap)
                 self._warmed[name] = seen
+                RootSearcher(snap, self._fleet).warm_term_stats()
         for gone in set(self.paths) - set(names):
             self.paths.pop(gone, None)
             self._warmed.pop(gone, None)

@@ -27,7 +27,8 @@ from superfile.table.snapshot import Snapshot
 
 __all__ = ["OPS", "PARTS", "LeafRequest", "run"]
 
-# the first five answer a table (Arrow IPC), the other three statistics (JSON)
+# the first five answer a table (Arrow IPC), the other three statistics (JSON); bm25_stats also superfile by
+# superfile ("superfiles": [[path, df per term, length], ...]), which a query root keeps across versions
 OPS = frozenset({"bm25", "token_match", "exact_match", "vector", "scan", "bm25_stats", "prefix_terms", "count"})
 PARTS = "superfile.parts"  # a scan's schema metadata: [[superfile path, rows], ...] in the order of its rows
 
@@ -109,8 +110,13 @@ def run(snapshot: Snapshot, request: LeafRequest) -> pa.Table | dict[str, Any]:
             _arg(a, "column", str), terms, _arg(a, "k", int), _arg(a, "mode", str), projection
         )
     if op == "bm25_stats":
-        df, deleted_tokens = Searcher(share).term_stats(_arg(a, "column", str), _arg(a, "terms", list))
-        return {"df": df, "deleted_tokens": deleted_tokens}
+        terms = _arg(a, "terms", list)
+        each = Searcher(share).term_stats_each(_arg(a, "column", str), terms)
+        return {
+            "df": [sum(df[i] for _, df, _ in each) for i in range(len(terms))],
+            "deleted_tokens": sum(length for _, _, length in each),
+            "superfiles": [[path, df, length] for path, df, length in each],
+        }
     if op == "prefix_terms":
         return {"terms": Searcher(share).prefix_terms(_arg(a, "column", str), _arg(a, "term", str))}
     if op == "token_match":

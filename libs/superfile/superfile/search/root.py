@@ -12,6 +12,7 @@ share (``leaf.py``), so a search ranks as it does embedded.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -27,8 +28,26 @@ from superfile.table.snapshot import Snapshot
 __all__ = ["RootFanout", "RootSearcher"]
 
 _term_cache = LRU(64)  # storage URI # manifest path # column -> {term: table-wide df, _DELETED: deleted length}
+# storage URI # superfile path # deletion vector # column -> {term: df of its live rows, _DELETED: its length};
+# bounded so that the worst case (every query new terms) holds ~100 MB: 4,096 shares of 256 terms
+_superfile_terms = LRU(4096)
 _DELETED = "\x00deleted"  # not a term: analysers never emit a NUL
 _TERMS_PER_MANIFEST = 100_000
+_TERMS_PER_SUPERFILE = 256
+_RECENT_TERMS = 256  # terms per table and column whose statistics a new version gets ahead of the searches
+_recent_terms: dict[str, dict[str, None]] = {}  # storage URI # column -> the terms searched lately, oldest first
+_recent_lock = threading.Lock()
+
+
+def _remember(key: str, terms: list[str]) -> None:
+    with _recent_lock:
+        recent = _recent_terms.setdefault(key, {})
+        for t in terms:
+            recent.pop(t, None)
+            recent[t] = None
+        while len(recent) > _RECENT_TERMS:
+            del recent[next(iter(recent))]
+
 
 _ORDER: dict[str, list[tuple[str, Literal["ascending", "descending"]]]] = {
     "best": [(SCORE, "descending"), (ID, "ascending")],  # BM25: higher is better
@@ -110,24 +129,58 @@ class RootSearcher(Searcher):
 
     def _term_stats(self, column: str, terms: list[str]) -> tuple[list[int], int]:
         """The table-wide df of each term and the deleted rows' length: from this manifest's cache where a
-        term was asked before, else one round of leaf calls (df over every superfile that may hold a new term,
-        deleted lengths over every one with deletes). A manifest never changes, so neither do its answers:
-        a repeated term costs a search one round trip less."""
-        key = f"{self.snap.files.storage.uri}#{self.snap.path}#{column}"
-        known: dict[str, int] = _term_cache.get_or_load(key, dict)[0]
+        term was asked before, else summed over the superfiles' shares (:meth:`_superfile_stats`). A manifest
+        never changes, so neither do its answers: a repeated term costs a search one round trip less."""
+        uri = self.snap.files.storage.uri
+        _remember(f"{uri}#{column}", terms)
+        known: dict[str, int] = _term_cache.get_or_load(f"{uri}#{self.snap.path}#{column}", dict)[0]
         found = {t: known[t] for t in [*terms, _DELETED] if t in known}
         new = [t for t in terms if t not in found]
         if new or _DELETED not in found:
-            holders = {e.path for e in self._term_candidates(column, new, "any")} if new else set()
-            # with deletes, or without the column's index (their share of the lengths is counted there)
-            holders |= {e.path for e in self.snap.entries() if e.deletes is not None or column not in e.text}
-            shares = self._fan(sorted(holders), "bm25_stats", {"column": column, "terms": new})
-            for i, term in enumerate(new):
-                found[term] = sum(int(s["df"][i]) for s in shares)
-            found[_DELETED] = sum(int(s["deleted_tokens"]) for s in shares)
+            found.update(self._superfile_stats(column, new))
             if len(known) < _TERMS_PER_MANIFEST:  # a bound on one manifest's cache; past it, terms are asked anew
                 known.update(found)
         return [found[t] for t in terms], found[_DELETED]
+
+    def _superfile_stats(self, column: str, terms: list[str]) -> dict[str, int]:
+        """Each term's df and ``_DELETED`` summed over the superfiles that may hold a term, have deletes, or lack
+        the column's index. A superfile's share depends only on it and its deletion vector, so it is kept
+        across versions: after a commit only the superfiles new to the table (or with new deletes) are asked,
+        in one round of leaf calls, and none when :meth:`warm_term_stats` asked already."""
+        uri = self.snap.files.storage.uri
+        holders = {e.path for e in self._term_candidates(column, terms, "any")} if terms else set()
+        entries = [e for e in self.snap.entries() if e.path in holders or e.deletes is not None or column not in e.text]
+        keys = {e.path: f"{uri}#{e.path}#{e.deletes.path if e.deletes else ''}#{column}" for e in entries}
+        shares = {path: _superfile_terms.get_or_load(key, dict)[0] for path, key in keys.items()}
+        missing = [p for p, d in shares.items() if _DELETED not in d or any(t not in d for t in terms)]
+        asked = set(missing)
+        out = dict.fromkeys(terms, 0)
+        out[_DELETED] = 0
+        for path, share in shares.items():
+            if path not in asked:
+                for t in terms:
+                    out[t] += share[t]
+                out[_DELETED] += share[_DELETED]
+        for answer in self._fan(missing, "bm25_stats", {"column": column, "terms": terms}) if missing else []:
+            for i, t in enumerate(terms):
+                out[t] += int(answer["df"][i])
+            out[_DELETED] += int(answer["deleted_tokens"])
+            for path, df, length in answer.get("superfiles", []):  # kept for the next versions
+                share = shares.get(path)
+                if share is not None and len(share) < _TERMS_PER_SUPERFILE:
+                    share.update(zip(terms, (int(n) for n in df), strict=True))
+                    share[_DELETED] = int(length)
+        return out
+
+    def warm_term_stats(self) -> None:
+        """Ask the leaves now for the shares, in this version, of the terms searched lately (a query service
+        calls it on each commit it sees), so that the next searches of those terms need no statistics round."""
+        uri = self.snap.files.storage.uri
+        for column in self.options.fts_columns:
+            with _recent_lock:
+                terms = list(_recent_terms.get(f"{uri}#{column}", ()))
+            if terms:
+                self._term_stats(column, terms)
 
     def prefix_terms(self, column: str, p: str) -> dict[str, int]:
         counts: dict[str, int] = {}

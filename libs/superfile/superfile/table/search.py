@@ -467,6 +467,19 @@ class Searcher:
         the superfiles that may hold any term, found here if not given), and the analysed length of its
         deleted rows less that of the superfiles without the column's index (which the manifest cannot
         count; ``corpus_of`` adds the rest). A query root sums the shares its leaves report."""
+        df = np.zeros(len(terms), np.int64)
+        tokens = 0
+        for _, counts, length in self.term_stats_each(column, terms, holders):
+            df += np.asarray(counts, np.int64)
+            tokens += length
+        return df.tolist(), tokens
+
+    def term_stats_each(
+        self, column: str, terms: list[str], holders: list[SuperfileEntry] | None = None
+    ) -> list[tuple[str, list[int], int]]:
+        """:meth:`term_stats` superfile by superfile: (path, df per term, length) for each holder and each
+        superfile with deletes or without the column's index. A superfile's share depends only on it and its
+        deletion vector, so a query root keeps it across versions (``search/root.py``)."""
         entries = self.snap.entries()
         unindexed = [e for e in entries if column not in e.text]
         with_deletes = [e for e in entries if e.deletes is not None]
@@ -483,13 +496,14 @@ class Searcher:
             gone = deleted[e.path].doc_freq if e.path in deleted else {}
             return [fts.doc_freq(t) - gone.get(t, 0) for t in terms]
 
-        df = np.zeros(len(terms), np.int64)
         if holders is None:
             holders = self._term_candidates(column, terms, "any")
-        for row in self.snap.each(freqs, holders):
-            df += np.asarray(row, np.int64)
-        unindexed_tokens = sum(self.snap.each(lambda e: self._tokens(e, column), unindexed))
-        return df.tolist(), sum(d.tokens for d in deleted.values()) - unindexed_tokens
+        length = {e.path: d.tokens for e, d in zip(with_deletes, deleted.values(), strict=True)}
+        for e, n in zip(unindexed, self.snap.each(lambda e: self._tokens(e, column), unindexed), strict=True):
+            length[e.path] = length.get(e.path, 0) - n
+        counts = dict(zip([e.path for e in holders], self.snap.each(freqs, holders), strict=True))
+        zero = [0] * len(terms)
+        return [(path, counts.get(path, zero), length.get(path, 0)) for path in dict.fromkeys([*counts, *length])]
 
     def _union(self, column: str) -> tuple[UnionIndex, list[SuperfileEntry]] | None:
         """One searcher over every superfile's index of ``column`` (``format/fulltext_union.py``) for a
