@@ -151,7 +151,7 @@ class RootSearcher(Searcher):
         holders = {e.path for e in self._term_candidates(column, terms, "any")} if terms else set()
         entries = [e for e in self.snap.entries() if e.path in holders or e.deletes is not None or column not in e.text]
         keys = {e.path: f"{uri}#{e.path}#{e.deletes.path if e.deletes else ''}#{column}" for e in entries}
-        shares = {path: _superfile_terms.get_or_load(key, dict)[0] for path, key in keys.items()}
+        shares: dict[str, dict[str, int]] = {p: _superfile_terms.get_or_load(k, dict)[0] for p, k in keys.items()}
         missing = [p for p, d in shares.items() if _DELETED not in d or any(t not in d for t in terms)]
         asked = set(missing)
         out = dict.fromkeys(terms, 0)
@@ -166,10 +166,10 @@ class RootSearcher(Searcher):
                 out[t] += int(answer["df"][i])
             out[_DELETED] += int(answer["deleted_tokens"])
             for path, df, length in answer.get("superfiles", []):  # kept for the next versions
-                share = shares.get(path)
-                if share is not None and len(share) < _TERMS_PER_SUPERFILE:
-                    share.update(zip(terms, (int(n) for n in df), strict=True))
-                    share[_DELETED] = int(length)
+                kept = shares.get(path)
+                if kept is not None and len(kept) < _TERMS_PER_SUPERFILE:
+                    kept.update(zip(terms, (int(n) for n in df), strict=True))
+                    kept[_DELETED] = int(length)
         return out
 
     def warm_term_stats(self) -> None:
