@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import superfile
+from superfile.search import root
 from superfile.search.leaf import LeafRequest, run
 from superfile.search.root import RootSearcher
 from superfile.table.search import Searcher
@@ -113,3 +114,20 @@ def test_a_leaf_reports_each_superfiles_share(table: Any) -> None:
     assert sum(length for _, _, length in each) == answer["deleted_tokens"] > 0
     assert (answer["df"], answer["deleted_tokens"]) == tuple(Searcher(snap).term_stats("text", terms))
     assert pa.types.is_integer(pa.array(answer["df"]).type)
+
+
+def test_a_table_past_the_cache_is_asked_whole(table: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the shares one search may keep, every holder is asked each time (a cache that small for the table
+    would only churn) and the warmer leaves the table alone; the answers stay the embedded ones."""
+    monkeypatch.setattr(root, "_SHARES_PER_SEARCH", 3)
+    fleet = RecordingFleet()
+    before = table.snapshot()
+    _searched_alike(before, fleet)
+    table.append(table.docs.slice(0, 100))
+    after = table.snapshot()
+    fleet.calls.clear()
+    RootSearcher(after, fleet).warm_term_stats()
+    assert fleet.calls == []
+    _searched_alike(after, fleet)
+    asked = {p for paths in fleet.stats_calls() for p in paths}
+    assert asked > _new(before, after), "the superfiles seen before are asked again"

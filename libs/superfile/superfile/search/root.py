@@ -29,8 +29,11 @@ __all__ = ["RootFanout", "RootSearcher"]
 
 _term_cache = LRU(64)  # storage URI # manifest path # column -> {term: table-wide df, _DELETED: deleted length}
 # storage URI # superfile path # deletion vector # column -> {term: df of its live rows, _DELETED: its length};
-# bounded so that the worst case (every query new terms) holds ~100 MB: 4,096 shares of 256 terms
+# bounded so that the worst case (every query new terms) holds ~100 MB: 4,096 shares of 256 terms. A table
+# whose search would need more than a quarter of them is asked whole each time, as a cache that small for it
+# would only churn (and the warmer leaves it alone).
 _superfile_terms = LRU(4096)
+_SHARES_PER_SEARCH = 1024
 _DELETED = "\x00deleted"  # not a term: analysers never emit a NUL
 _TERMS_PER_MANIFEST = 100_000
 _TERMS_PER_SUPERFILE = 256
@@ -150,8 +153,11 @@ class RootSearcher(Searcher):
         uri = self.snap.files.storage.uri
         holders = {e.path for e in self._term_candidates(column, terms, "any")} if terms else set()
         entries = [e for e in self.snap.entries() if e.path in holders or e.deletes is not None or column not in e.text]
-        keys = {e.path: f"{uri}#{e.path}#{e.deletes.path if e.deletes else ''}#{column}" for e in entries}
-        shares: dict[str, dict[str, int]] = {p: _superfile_terms.get_or_load(k, dict)[0] for p, k in keys.items()}
+        if len(entries) > _SHARES_PER_SEARCH:
+            shares: dict[str, dict[str, int]] = {e.path: {} for e in entries}  # asked whole, nothing kept
+        else:
+            keys = {e.path: f"{uri}#{e.path}#{e.deletes.path if e.deletes else ''}#{column}" for e in entries}
+            shares = {path: _superfile_terms.get_or_load(key, dict)[0] for path, key in keys.items()}
         missing = [p for p, d in shares.items() if _DELETED not in d or any(t not in d for t in terms)]
         asked = set(missing)
         out = dict.fromkeys(terms, 0)
@@ -176,6 +182,8 @@ class RootSearcher(Searcher):
         """Ask the leaves now for the shares, in this version, of the terms searched lately (a query service
         calls it on each commit it sees), so that the next searches of those terms need no statistics round."""
         uri = self.snap.files.storage.uri
+        if self.snap.manifest.superfile_count > _SHARES_PER_SEARCH:
+            return
         for column in self.options.fts_columns:
             with _recent_lock:
                 terms = list(_recent_terms.get(f"{uri}#{column}", ()))
