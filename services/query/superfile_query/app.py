@@ -88,7 +88,10 @@ class Warmer:
             if self._warmed.get(name) != seen:
                 self.paths[name] = self._fleet.warm(snap)
                 self._warmed[name] = seen
-                RootSearcher(snap, self._fleet).warm_term_stats()
+                try:  # a cache of statistics: a search asks for what this could not gather
+                    RootSearcher(snap, self._fleet).warm_term_stats()
+                except SuperfileError as e:
+                    log.warning("gathering the BM25 statistics of %s on commit: %s", name, e)
         for gone in set(self.paths) - set(names):
             self.paths.pop(gone, None)
             self._warmed.pop(gone, None)
