@@ -178,6 +178,38 @@ def test_a_slow_node_is_hedged_after_the_p95(
     assert _counter("superfile_query_leaf_hedges_total") > hedges
 
 
+def test_a_first_call_on_a_new_version_is_hedged_only_late(
+    root_dir: Path, nodes: list[tuple[Server, FaultyHttpProxy]], root: Any
+) -> None:
+    """A node's first call on a version it has not answered opens it (a commit's manifest, its new superfiles),
+    so it is hedged only past 1 s, not at the p95: after a commit most calls would be sent twice. Its next call
+    on that version is hedged at the p95 again."""
+    fleet = root.open_table("docs")
+    rng = np.random.default_rng(4)
+    for _ in range(5):  # the p95 needs 20 answers before hedging starts
+        for read in _reads(rng):
+            read(fleet)
+    writer = superfile.connect(f"file://{root_dir}").open_table("docs")
+    writer.append(
+        [{"key": 100_000 + k, "title": "shock plate", "emb": rng.normal(size=DIM).tolist()} for k in range(5)]
+    )
+
+    def scan(t: Any) -> pa.Table:  # one call to every node
+        return t.to_arrow(["_id", "title"], where="key >= 0")
+
+    slow_s = 0.4
+    nodes[0][1].faults = Faults(delay=1.0, delay_s=slow_s, match=_leaf)
+    hedges = _counter("superfile_query_leaf_hedges_total")
+    start = time.monotonic()
+    _same(scan(writer), scan(fleet))
+    assert time.monotonic() - start >= slow_s, "the slow node's first call on the version was not waited for"
+    assert _counter("superfile_query_leaf_hedges_total") == hedges, "a first call on a new version was hedged"
+    start = time.monotonic()
+    _same(scan(writer), scan(fleet))
+    assert time.monotonic() - start < slow_s, "the node answered this version once: its next call is hedged"
+    assert _counter("superfile_query_leaf_hedges_total") > hedges
+
+
 def test_cache_nodes_found_by_dns(root_dir: Path, nodes: list[tuple[Server, FaultyHttpProxy]]) -> None:
     """``cache_dns``: every address the name resolves to is a member; one that does not answer its health
     check (here localhost's IPv6 address, if any: the node listens on 127.0.0.1) takes no work."""
