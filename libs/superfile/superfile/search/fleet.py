@@ -466,7 +466,10 @@ class Fleet:
                 send(self._hedges.submit(self._ask, url, request, deadline, args_json), i, "owner")
         after = [self._hedge_after(url, snap.path, p95) for url, _ in groups]  # when each group is hedged
         while any(a is None for a in answers):  # a hedged pair's loser is left running (its pool's thread)
-            due = [a for i, a in enumerate(after) if a is not None and not hedged[i] and answers[i] is None]
+            # (a group without a backup has nothing to hedge to: waking for it would only spin)
+            due = [
+                a for i, a in enumerate(after) if a is not None and backups[i] and not hedged[i] and answers[i] is None
+            ]
             timeout = max(0.0, start + min(due) - time.perf_counter()) if due else None
             done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
             pending -= done
