@@ -112,10 +112,11 @@ def run(snapshot: Snapshot, request: LeafRequest) -> pa.Table | dict[str, Any]:
     if op == "bm25_stats":
         terms = _arg(a, "terms", list)
         each = Searcher(share).term_stats_each(_arg(a, "column", str), terms)
+        df, deleted_tokens = Searcher.summed(each, len(terms))
         return {
-            "df": [sum(df[i] for _, df, _ in each) for i in range(len(terms))],
-            "deleted_tokens": sum(length for _, _, length in each),
-            "superfiles": [[path, df, length] for path, df, length in each],
+            "df": df,
+            "deleted_tokens": deleted_tokens,
+            "superfiles": [[path, counts, length] for path, counts, length in each],
         }
     if op == "prefix_terms":
         return {"terms": Searcher(share).prefix_terms(_arg(a, "column", str), _arg(a, "term", str))}

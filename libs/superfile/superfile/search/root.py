@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import pyarrow as pa
+from cachetools import LRUCache
 
 from superfile._lru import LRU
 from superfile.expressions import Predicate
@@ -38,18 +39,16 @@ _DELETED = "\x00deleted"  # not a term: analysers never emit a NUL
 _TERMS_PER_MANIFEST = 100_000
 _TERMS_PER_SUPERFILE = 256
 _RECENT_TERMS = 256  # terms per table and column whose statistics a new version gets ahead of the searches
-_recent_terms: dict[str, dict[str, None]] = {}  # storage URI # column -> the terms searched lately, oldest first
+# storage URI # column -> the terms searched lately (cachetools' caches are not thread-safe: under the lock)
+_recent_terms: dict[str, LRUCache[str, None]] = {}
 _recent_lock = threading.Lock()
 
 
 def _remember(key: str, terms: list[str]) -> None:
     with _recent_lock:
-        recent = _recent_terms.setdefault(key, {})
+        recent = _recent_terms.setdefault(key, LRUCache(maxsize=_RECENT_TERMS))
         for t in terms:
-            recent.pop(t, None)
-            recent[t] = None
-        while len(recent) > _RECENT_TERMS:
-            del recent[next(iter(recent))]
+            recent[t] = None  # a term searched again is the most recent
 
 
 _ORDER: dict[str, list[tuple[str, Literal["ascending", "descending"]]]] = {
@@ -153,11 +152,12 @@ class RootSearcher(Searcher):
         uri = self.snap.files.storage.uri
         holders = {e.path for e in self._term_candidates(column, terms, "any")} if terms else set()
         entries = [e for e in self.snap.entries() if e.path in holders or e.deletes is not None or column not in e.text]
-        if len(entries) > _SHARES_PER_SEARCH:
-            shares: dict[str, dict[str, int]] = {e.path: {} for e in entries}  # asked whole, nothing kept
-        else:
+        keeping = len(entries) <= _SHARES_PER_SEARCH  # past that, asked whole and nothing kept
+        if keeping:
             keys = {e.path: f"{uri}#{e.path}#{e.deletes.path if e.deletes else ''}#{column}" for e in entries}
-            shares = {path: _superfile_terms.get_or_load(key, dict)[0] for path, key in keys.items()}
+            shares: dict[str, dict[str, int]] = {p: _superfile_terms.get_or_load(k, dict)[0] for p, k in keys.items()}
+        else:
+            shares = {e.path: {} for e in entries}
         missing = [p for p, d in shares.items() if _DELETED not in d or any(t not in d for t in terms)]
         asked = set(missing)
         out = dict.fromkeys(terms, 0)
@@ -171,7 +171,7 @@ class RootSearcher(Searcher):
             for i, t in enumerate(terms):
                 out[t] += int(answer["df"][i])
             out[_DELETED] += int(answer["deleted_tokens"])
-            for path, df, length in answer.get("superfiles", []):  # kept for the next versions
+            for path, df, length in answer.get("superfiles", []) if keeping else []:  # kept for the next versions
                 kept = shares.get(path)
                 if kept is not None and len(kept) < _TERMS_PER_SUPERFILE:
                     kept.update(zip(terms, (int(n) for n in df), strict=True))

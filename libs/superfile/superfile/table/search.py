@@ -467,12 +467,15 @@ class Searcher:
         the superfiles that may hold any term, found here if not given), and the analysed length of its
         deleted rows less that of the superfiles without the column's index (which the manifest cannot
         count; ``corpus_of`` adds the rest). A query root sums the shares its leaves report."""
-        df = np.zeros(len(terms), np.int64)
-        tokens = 0
-        for _, counts, length in self.term_stats_each(column, terms, holders):
+        return self.summed(self.term_stats_each(column, terms, holders), len(terms))
+
+    @staticmethod
+    def summed(each: list[tuple[str, list[int], int]], terms: int) -> tuple[list[int], int]:
+        """:meth:`term_stats_each`'s shares added up: df per term (``terms`` of them) and length."""
+        df = np.zeros(terms, np.int64)
+        for _, counts, _ in each:
             df += np.asarray(counts, np.int64)
-            tokens += length
-        return df.tolist(), tokens
+        return df.tolist(), sum(length for _, _, length in each)
 
     def term_stats_each(
         self, column: str, terms: list[str], holders: list[SuperfileEntry] | None = None
