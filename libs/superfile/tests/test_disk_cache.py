@@ -189,6 +189,38 @@ def test_invalid_memory_budget_is_a_typed_error(s3_endpoint: str, s3_bucket: str
         superfile.connect(_s3_uri(s3_endpoint, s3_bucket), cache_memory_bytes=0)
 
 
+def test_a_copy_checked_while_an_eviction_lists_keeps_its_check(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each download ends in an eviction pass, which lists the directory and then forgets the checks of the
+    copies that are gone. A copy that arrived and was checked by another thread after that listing is not gone:
+    it keeps its check, so its next reopen is not checked whole again (a race seen in CI: four superfiles opened
+    by two threads, one of them reopened and hashed whole)."""
+    import superfile.io.cache as cache_module
+
+    storage = from_uri(f"memory://{uuid.uuid4().hex}")
+    for key in ("a", "b", "gone"):
+        storage.write(key, os.urandom(100))
+    cache = DiskCache(str(tmp_path), 1 << 20)
+    gone = cache.fetch(storage, "gone", 100)
+    cache.mark_verified(gone)
+    os.unlink(gone)  # another process evicted it
+    listed = os.scandir
+
+    def scandir(path: str) -> list[os.DirEntry[str]]:
+        entries = list(listed(path))
+        monkeypatch.setattr(cache_module.os, "scandir", listed)
+        cache.mark_verified(cache.fetch(storage, "b", 100))  # another thread, after the listing
+        return entries
+
+    a = cache.fetch(storage, "a", 100)
+    monkeypatch.setattr(cache_module.os, "scandir", scandir)
+    cache.evict(keep=a)
+    b = cache.path(storage, "b")
+    assert cache.verified(b), "the copy checked after the listing lost its check"
+    assert gone not in cache._verified, "a copy gone before the listing is still remembered"
+
+
 def test_large_objects_are_fetched_in_ranges(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import superfile.io.cache as cache_module
 

@@ -185,6 +185,8 @@ class DiskCache:
     def evict(self, keep: str | None = None) -> None:
         """Remove the least recently used copies until the rest fit the budget (``keep`` stays)."""
         copies: list[tuple[float, int, str]] = []
+        with self._guard:
+            known = set(self._touched) | set(self._verified)
         now = time.time()
         for entry in os.scandir(self.directory):
             try:
@@ -198,17 +200,21 @@ class DiskCache:
                 continue
             copies.append((st.st_mtime, st.st_size, entry.path))
         total = sum(size for _, size, _ in copies)
-        kept = set()
+        removed = []
         for _, size, path in sorted(copies):  # least recently used first
             if path == keep or total <= self.budget_bytes:
-                kept.add(path)
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+            removed.append(path)
             total -= size
-        with self._guard:  # forget the uses and checks of copies that are gone
-            self._touched = {p: t for p, t in self._touched.items() if p in kept}
-            self._verified = {p: v for p, v in self._verified.items() if p in kept}
+        # forget the uses and checks of the copies that are gone: removed here, or known before the listing and
+        # not in it (another process removed them); not a copy that arrived, and was checked, since the listing
+        gone = (known - {path for _, _, path in copies}).union(removed)
+        with self._guard:
+            for path in gone:
+                self._touched.pop(path, None)
+                self._verified.pop(path, None)
 
     def usage(self) -> tuple[int, int]:
         """Copies in the directory and their bytes (every table's and process's)."""
