@@ -17,7 +17,9 @@ BM25 and vector searches, ids and scores only, two ways:
 
 CPU per query (``time.process_time``, this process's threads) over ``--passes`` passes, the two ways
 interleaved query by query; the leaves' time is taken around each leaf call, so the root's own share is
-the rest. The answers of the two ways are compared (ids and scores). Saves ``bench/results/leaf.json``.
+the rest. The answers of the two ways are compared (ids and scores, and whether the scores are bit-equal),
+and the BM25 leaf calls are counted by the way they were answered: padded (one tantivy search of the share
+padded to the table's statistics) or rescored. Saves ``bench/results/leaf.json``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import superfile
 from common import median, save
 from search_bench import ensure_builds, paths, queries, query_vectors
+from superfile.format import fulltext_pads
 from superfile.search.leaf import LeafRequest, run
 from superfile.search.placement import assign
 from superfile.search.root import RootSearcher
@@ -66,6 +69,22 @@ class LocalFleet:
             answers.append(run(snap, LeafRequest(TABLE, snap.path, tuple(share), op, args)))
             self.cpu[node] += time.process_time() - start
         return answers
+
+
+padded: dict[str, int] = {}  # a BM25 leaf call's way: padded (one tantivy search) or rescored
+
+
+def _counting(native_top: Callable[..., Any]) -> Callable[..., Any]:
+    def counted(self: Searcher, *args: Any) -> Any:
+        found = native_top(self, *args)
+        way = "padded" if found is not None else "rescored"
+        padded[way] = padded.get(way, 0) + 1
+        return found
+
+    return counted
+
+
+Searcher._padded_top = _counting(Searcher._padded_top)  # type: ignore[method-assign]
 
 
 def searches(texts: list[str], vectors: np.ndarray) -> dict[str, Callable[[Searcher, int], pa.Table]]:
@@ -103,10 +122,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for i in range(min(n, 20)):  # warm: unions, opened superfiles, the root's term statistics
             search(Searcher(snap), i)
             search(RootSearcher(snap, fleet), i)
+        deadline = time.monotonic() + 120  # BM25 leaves' padding segments, built in the background once
+        while fulltext_pads._building and time.monotonic() < deadline:
+            time.sleep(0.05)
         fleet.cpu = dict.fromkeys(fleet.cpu, 0.0)
+        padded.clear()
         embedded: list[float] = []
         fanout: list[float] = []
-        differing = 0
+        differing = bit_equal = 0
         for _ in range(args.passes):
             for i in range(n):
                 c0 = time.process_time()
@@ -117,6 +140,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 embedded.append(c1 - c0)
                 fanout.append(c2 - c1)
                 differing += not same(a, b)
+                bit_equal += a["score"].to_pylist() == b["score"].to_pylist()
         queries_run = args.passes * n
         leaves = sum(fleet.cpu.values())
         result = {
@@ -128,6 +152,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "leaf_cpu_ms_by_node": {node: 1e3 * s / queries_run for node, s in fleet.cpu.items()},
             "root_cpu_ms": 1e3 * (sum(fanout) - leaves) / queries_run,
             "answers_differing": differing,
+            "scores_bit_equal": bit_equal,
+            "leaf_calls_padded": padded.get("padded", 0),
+            "leaf_calls_rescored": padded.get("rescored", 0),
         }
         result["leaves_over_embedded"] = result["leaves_cpu_ms"] / result["embedded_cpu_ms"]
         print(kind, {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}, flush=True)

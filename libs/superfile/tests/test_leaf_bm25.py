@@ -1,11 +1,14 @@
 """A leaf's BM25 with the root's table-wide statistics: one union search over its share's superfiles without
 deletes (``UnionText``), the rest one by one, gives exactly the per-superfile path's hits (ids, order, scores),
-and the leaves' merged answers are the embedded search's."""
+and the leaves' merged answers are the embedded search's, to the bit. A leaf searches its share's superfiles
+without deletes as one union padded to score with the table's statistics (``format/fulltext_pads.py``): the
+same answers again, without rescoring (its superfiles with deletes are still rescored)."""
 
 from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +68,14 @@ def _leaf(snap: Snapshot, share: list[str], terms: list[str], k: int, mode: str)
 def _per_superfile(monkeypatch: pytest.MonkeyPatch, *args: object) -> pa.Table:
     with monkeypatch.context() as m:
         m.setattr(Searcher, "_exact_union", lambda self, column: None)
+        m.setattr(Searcher, "_padded_top", lambda self, *a: None)
+        return _leaf(*args)  # type: ignore[arg-type]
+
+
+def _rescored(monkeypatch: pytest.MonkeyPatch, *args: object) -> pa.Table:
+    """The leaf without padding: its superfiles without deletes in one union, ranked and rescored."""
+    with monkeypatch.context() as m:
+        m.setattr(Searcher, "_padded_top", lambda self, *a: None)
         return _leaf(*args)  # type: ignore[arg-type]
 
 
@@ -106,7 +117,7 @@ def test_leaf_union_is_the_per_superfile_path_and_the_leaves_are_embedded(
             united += Searcher(snap.restricted(share), None)._exact_union(COLUMN) is not None
             leaves.append(got)
         embedded = Searcher(snap).bm25(COLUMN, terms, k, mode, ["id"])
-        _same(_ranked(leaves, k), embedded, exact=False)
+        _same(_ranked(leaves, k), embedded, exact=True)  # rescoring computes tantivy's float32 scores
     assert united > 40  # most shares have two or more superfiles without deletes: the union was searched
 
 
@@ -138,3 +149,60 @@ def test_union_rows_split_back_into_their_superfiles(snapshots: tuple[Snapshot, 
     part, offsets = union.split(rows)
     assert part.tolist() == [0, 0, 1, len(sizes) - 1]
     assert offsets.tolist() == [0, sizes[0] - 1, 0, sizes[-1] - 1]
+
+
+def _padded_pass(snap: Snapshot, queries: list[str], seed: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+    """Searches of random three-way shares: each leaf's answer is the leaf's without padding, and the merged
+    answer the embedded one, to the bit. Returns (leaf calls answered padded, leaf calls)."""
+    paths = [e.path for e in snap.entries()]
+    rng = random.Random(seed)
+    searcher = Searcher(snap)
+    padded = calls = 0
+    for i, text in enumerate(rng.sample(queries, 40)):
+        terms = list(dict.fromkeys(searcher._analyze(COLUMN, text)))
+        mode = "all" if i % 4 == 3 else "any"
+        if mode == "all":
+            terms = terms[:2]
+        k = rng.choice([1, 10, 37])
+        shuffled = rng.sample(paths, len(paths))
+        cuts = sorted(rng.sample(range(1, len(paths)), 2))
+        leaves = []
+        for share in (shuffled[: cuts[0]], shuffled[cuts[0] : cuts[1]], shuffled[cuts[1] :]):
+            got = _leaf(snap, share, terms, k, mode)
+            _same(got, _rescored(monkeypatch, snap, share, terms, k, mode), exact=True)
+            leaves.append(got)
+            calls += 1
+            padded += _was_padded(snap, share, terms, k, mode)
+        _same(_ranked(leaves, k), Searcher(snap).bm25(COLUMN, terms, k, mode, ["id"]), exact=True)
+    return padded, calls
+
+
+def _was_padded(snap: Snapshot, share: list[str], terms: list[str], k: int, mode: str) -> bool:
+    root = Searcher(snap)
+    corpus = root.corpus_of(COLUMN, terms, *root.term_stats(COLUMN, terms))
+    return Searcher(snap.restricted(share), corpus)._padded_top(COLUMN, terms, k, mode) is not None
+
+
+@pytest.mark.parametrize("which", ["before deletes", "after deletes"])
+def test_padded_leaves_score_as_the_table_s_union(
+    snapshots: tuple[Snapshot, Snapshot], queries: list[str], which: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before deletes the embedded search is one tantivy search over every superfile; after them, its
+    per-superfile path, rescored: either way the leaves' answers are its answers, to the bit."""
+    from superfile.format import fulltext_pads
+
+    snap = snapshots[0] if which == "before deletes" else snapshots[1]
+    _padded_pass(snap, queries, 20, monkeypatch)  # the padding segments are built in the background meanwhile
+    deadline = time.monotonic() + 60
+    while fulltext_pads._building and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not fulltext_pads._building, "padding segments still being built after 60 s"
+    padded, calls = _padded_pass(snap, queries, 21, monkeypatch)
+    assert padded >= 0.8 * calls, f"{padded} of {calls} leaf calls padded"
+
+
+def test_a_leaf_rescores_its_superfiles_with_deletes(snapshots: tuple[Snapshot, Snapshot], queries: list[str]) -> None:
+    snap = snapshots[1]
+    with_deletes = [e.path for e in snap.entries() if e.deletes is not None]
+    terms = list(dict.fromkeys(Searcher(snap)._analyze(COLUMN, queries[0])))
+    assert not _was_padded(snap, with_deletes, terms, 10, "any")

@@ -25,6 +25,8 @@ statistics (see "Table-wide BM25" in ``docs/format.md``).
 from __future__ import annotations
 
 import array
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import math
@@ -57,13 +59,19 @@ __all__ = [
     "FullTextIndex",
     "Norms",
     "analyzer_name",
+    "avgdl32",
     "build_fulltext",
     "corpus_df",
     "global_top_k",
     "idf",
+    "idf32",
+    "index_schema",
     "invert_tf",
+    "length_norm32",
     "make_analyzer",
+    "scores32",
     "value_hash",
+    "weight32",
 ]
 
 TOKENIZERS = ("english", "simple", "raw", "whitespace")
@@ -119,7 +127,8 @@ def analyzer_name(tokenizer: str) -> str:
     return f"sf_{tokenizer}"
 
 
-def _schema(tokenizer: str) -> tantivy.Schema:
+def index_schema(tokenizer: str) -> tantivy.Schema:
+    """The schema of every full-text index: its fields (module docstring) with the tokenizer's analyzer."""
     sb = tantivy.SchemaBuilder()
     sb.add_unsigned_field(ROW_FIELD, indexed=True, fast=True)
     sb.add_text_field(TEXT_FIELD, stored=False, tokenizer_name=analyzer_name(tokenizer), index_option=INDEX_OPTION)
@@ -222,7 +231,7 @@ def build_fulltext(values: pa.Array | pa.ChunkedArray, tokenizer: str, *, work_d
     analyzer = make_analyzer(tokenizer)
     tmp = tempfile.mkdtemp(prefix="sf-fts-", dir=work_dir)
     try:
-        index = tantivy.Index(_schema(tokenizer), path=tmp)
+        index = tantivy.Index(index_schema(tokenizer), path=tmp)
         index.register_tokenizer(analyzer_name(tokenizer), analyzer)
         writer = index.writer(heap_size=_WRITER_HEAP, num_threads=1)
         dumps = json.dumps  # add_json measured a little faster than add_document (see docs/format.md)
@@ -668,14 +677,15 @@ def global_top_k(found: Sequence[Candidates], k: int) -> list[tuple[np.ndarray, 
     """The table-wide exact top-``k`` over several files' candidates: per file, (row offsets, exact scores) of
     its rows that can be in it (the caller ranks them: best first, ties by row; at most ``k`` of them all are).
 
-    score(d) = sum over terms t in d of w_t * idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
+    score(d) = sum over terms t in d of w_t * idf(t) * (k1 + 1) * tf / (tf + k1 * (1 - b + b * dl / avgdl))
     with idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5)), N, df and avgdl =
     total_tokens / N from the candidates' ``stats``, dl the row's length as
     tantivy quantises it (:data:`~superfile.format.tantivy_files.FIELDNORMS`),
     k1 = 1.2, b = 0.75, w_t = ``weights`` (default 1; 0 in mode "all" keeps the
-    term as a filter). Computed in float64 from per-row quantities only, so a
-    row scores the same however the table is split into files; rows scoring 0
-    are not returned. One file's exact top-k is this over its candidates alone.
+    term as a filter). Computed in tantivy's float32 arithmetic (:func:`scores32`)
+    from per-row quantities only, so a row scores the same however the table is
+    split into files, and as tantivy scores it over the whole table; rows scoring
+    0 are not returned. One file's exact top-k is this over its candidates alone.
 
     Files whose unread rows could still beat the k-th best lower bound read deeper; then exact scores are
     computed only for candidates whose upper bound reaches it. A file none of whose candidates can make the
@@ -706,13 +716,15 @@ class _Lengths:
 
     local_norm: np.ndarray  # with the file's avgdl (tantivy's, up to float32 rounding)
     global_norm: np.ndarray  # with the corpus avgdl
+    global_norm32: np.ndarray  # the same, as tantivy computes it (exact scores)
     present: np.ndarray  # the fieldnorm ids that occur in the file
 
     @classmethod
     def make(cls, num_docs: int, norms: Norms, n_glob: int, tokens_glob: int) -> _Lengths:
         local_norm = _length_norm(num_docs, norms.total_tokens)
         global_norm = _length_norm(n_glob, tokens_glob)
-        return cls(local_norm, global_norm, np.flatnonzero(np.bincount(norms.ids, minlength=256)))
+        present = np.flatnonzero(np.bincount(norms.ids, minlength=256))
+        return cls(local_norm, global_norm, length_norm32(n_glob, tokens_glob), present)
 
     def ratio(self, ids: np.ndarray, local: np.ndarray, total_weight: float) -> np.ndarray:
         """An extreme of global / local score for rows with these fieldnorm ids and local scores.
@@ -759,6 +771,7 @@ class _GlobalPlan:
     doc_freqs: list[int]  # local df of each
     boosts: np.ndarray  # weight * global idf / local idf: tantivy's candidate ranking then uses global idf
     global_weights: np.ndarray  # weight * global idf * (k1 + 1) per term
+    weights32: np.ndarray  # the same as tantivy computes it (float32): the exact scores' weights
     local_weights: np.ndarray  # local idf * (k1 + 1) per term: tantivy's unboosted term weight
     query: tantivy.Query
 
@@ -782,7 +795,7 @@ class _GlobalPlan:
             return None  # no counted row holds a term
         schema = index.index.schema
         occur = tantivy.Occur.Must if required else tantivy.Occur.Should
-        scored, freqs, boosts, gw, lw, clauses = [], [], [], [], [], []
+        scored, freqs, boosts, gw, gw32, lw, clauses = [], [], [], [], [], [], []
         for t in terms:
             w = weights.get(t, 1.0)
             if not (math.isfinite(w) and w >= 0):
@@ -807,6 +820,7 @@ class _GlobalPlan:
             freqs.append(df)
             boosts.append(w * idf_glob / idf_local)
             gw.append(w * idf_glob * (K1 + 1))
+            gw32.append(weight32(n_glob, df_glob) * _F32(w))
             lw.append(idf_local * (K1 + 1))
             clauses.append((occur, tantivy.Query.boost_query(q, boosts[-1])))
         if not scored:
@@ -819,6 +833,7 @@ class _GlobalPlan:
             doc_freqs=freqs,
             boosts=np.asarray(boosts, np.float64),
             global_weights=np.asarray(gw, np.float64),
+            weights32=np.asarray(gw32, np.float32),
             local_weights=np.asarray(lw, np.float64),
             query=tantivy.Query.boolean_query(clauses),
         )
@@ -859,13 +874,56 @@ class _GlobalPlan:
         tf = invert_tf(observed, self.local_weights[:, None], self.lengths.local_norm[ids][None, :], error)
         for j, i in zip(*np.nonzero(tf < 0), strict=True):  # float32 cannot tell tf apart (tf in the hundreds)
             tf[j, i] = self.index.explained_tf(self.terms[j], docs[i])
-        part = self.global_weights[:, None] * tf / (tf + self.lengths.global_norm[ids][None, :])
-        return np.asarray(part.sum(axis=0), np.float64)
+        return scores32(self.weights32, tf, self.lengths.global_norm32[ids]).astype(np.float64)
 
 
 def idf(n: int, df: int) -> float:
     """BM25's inverse document frequency (tantivy's, Lucene's): of a term in ``df`` of ``n`` documents."""
     return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+
+# Tantivy's BM25 arithmetic, bit for bit. Every exact score is computed with it: float32 operations in
+# tantivy's order, terms summed in query order, and the C library's logf, which Rust's f32::ln calls (numpy's
+# float32 log differs in the last bit for ~4% of inputs). A row then scores the same, to the bit, whether
+# tantivy ranked it over the whole table (the union), rescoring recomputed it, or a leaf's padded union
+# scored it (``fulltext_pads``): copies of a text tie wherever they are, and ties break by ``_id``.
+_libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+_logf = _libm.logf
+_logf.restype = ctypes.c_float
+_logf.argtypes = [ctypes.c_float]
+_F32 = np.float32
+
+
+def idf32(num_docs: int, doc_freq: int) -> np.float32:
+    """Tantivy's idf: ``ln(1 + ((N - n) + 0.5) / (n + 0.5))`` with N - n and n converted to float32."""
+    x = (_F32(num_docs - doc_freq) + _F32(0.5)) / (_F32(doc_freq) + _F32(0.5))
+    return _F32(_logf(float(_F32(1.0) + x)))
+
+
+def weight32(num_docs: int, doc_freq: int) -> np.float32:
+    """Tantivy's BM25 weight of a term, ``idf * (K1 + 1)``."""
+    return idf32(num_docs, doc_freq) * (_F32(K1) + _F32(1.0))
+
+
+def avgdl32(num_docs: int, total_tokens: int) -> np.float32:
+    """Tantivy's average length: the u64 totals converted to float32, then divided."""
+    return _F32(total_tokens) / _F32(num_docs)
+
+
+def length_norm32(num_docs: int, total_tokens: int) -> np.ndarray:
+    """Tantivy's ``K1 * (1 - B + B * dl / avgdl)`` for every fieldnorm id (float32)."""
+    dl = FIELDNORMS.astype(np.float32)
+    return _F32(K1) * (_F32(1.0) - _F32(B) + _F32(B) * dl / avgdl32(num_docs, total_tokens))
+
+
+def scores32(weights: np.ndarray, tf: np.ndarray, norm: np.ndarray) -> np.ndarray:
+    """Tantivy's scores of rows: ``weights[t] * (tf / (tf + norm))`` per term (float32, rows of ``tf``),
+    summed in term order (float32)."""
+    total = np.zeros(tf.shape[1], np.float32)
+    tf = tf.astype(np.float32)
+    for j in range(tf.shape[0]):
+        total = total + _F32(weights[j]) * (tf[j] / (tf[j] + norm))
+    return total
 
 
 def corpus_df(stats: CorpusStats, term: str, n: int) -> int:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -53,7 +54,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import tantivy
@@ -69,11 +70,15 @@ from superfile.format.fulltext import (
     idf,
     invert_tf,
     make_analyzer,
+    weight32,
 )
+from superfile.format.fulltext_pads import PAD_WORD, Padding, boost_for, checked, pad_directories, paddings
 from superfile.format.tantivy_files import read_meta, segment_files
 
-__all__ = ["UnionIndex", "UnionText", "union_of", "union_text"]
+__all__ = ["PaddedUnion", "UnionIndex", "UnionText", "union_of", "union_text", "unions_dir"]
 
+log = logging.getLogger(__name__)
+_PADDINGS = 16  # paddings a share may use: a term's weight cannot be boosted exactly in ~1 of 8 (measured)
 _TIE_EXTRA = 16  # hits fetched past k, so rows tied with the k-th are all seen (ties break by _id later)
 _KEEP_UNIONS = 8  # unions whose files a pool keeps linked (a search may build one for an older snapshot)
 _UNIONS_DIR = "unions"  # where in a cache directory they are
@@ -93,16 +98,22 @@ class UnionIndex:
             raise ValueError(f"union opened {self.searcher.num_segments} segments, listed {len(part_of_segment)}")
         self.part_of = list(part_of_segment)
 
-    def top(self, terms: Sequence[str], k: int, mode: str) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    def top(
+        self, terms: Sequence[str], k: int, mode: str, boosts: Sequence[float] | None = None
+    ) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """The BM25 top-``k`` of analysed ``terms`` (mode "any" or "all"), as (part index, row offsets,
         float32 scores) per part that has hits; ties break by ``_id`` as on the per-superfile path.
+        ``boosts``: one per term, multiplying its weight (``fulltext_pads.boost_for``).
 
         Tantivy breaks ties by ascending (segment, doc). When the union is ``ordered`` that is ``_id``
         order, and its top-k is the answer. Otherwise every row tied with the k-th is fetched as well, and
         the caller picks among them by ``_id``."""
         occur = tantivy.Occur.Must if mode == "all" else tantivy.Occur.Should
         schema = self.index.schema
-        query = tantivy.Query.boolean_query([(occur, tantivy.Query.term_query(schema, TEXT_FIELD, t)) for t in terms])
+        clauses = [tantivy.Query.term_query(schema, TEXT_FIELD, t) for t in terms]
+        if boosts is not None:
+            clauses = [tantivy.Query.boost_query(q, b) for q, b in zip(clauses, boosts, strict=True)]
+        query = tantivy.Query.boolean_query([(occur, q) for q in clauses])
         limit = k if self.ordered else k + _TIE_EXTRA
         while True:
             hits = self.searcher.search(query, limit, count=False).hits
@@ -189,17 +200,109 @@ def union_text(parts: Sequence[FullTextIndex], cache_dir: str) -> UnionText:
     return UnionText(union_of(parts, cache_dir, ordered=False), parts)
 
 
-def union_of(parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool) -> UnionIndex:
+def union_of(parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool, pads: Sequence[str] = ()) -> UnionIndex:
     """The union of these indexes (same column, same tokenizer, in this order), read from this process's pool
-    under ``cache_dir``; ``ordered`` as in :class:`UnionIndex`. Raises OSError or ValueError when a part's
-    files are not where they were extracted."""
+    under ``cache_dir``; ``ordered`` as in :class:`UnionIndex`; ``pads``: padding segments' directories
+    (``fulltext_pads``) listed after the parts, part -1. Raises OSError or ValueError when a part's files are
+    not where they were extracted."""
     layouts = [_layout(p) for p in parts]
     part_of = [i for i, x in enumerate(layouts) for _ in x.meta["segments"]]
     # A part built in several segments has them in meta.json order, which need not be row order.
     ordered = ordered and all(len(x.meta["segments"]) <= 1 for x in layouts)
+    padding = [_pad_layout(d) for d in pads]
+    part_of += [-1 for x in padding for _ in x.meta["segments"]]
     pool = _pool(cache_dir, layouts[0].meta, parts[0].tokenizer)
-    index, searcher = pool.searcher(layouts)
+    index, searcher = pool.searcher(layouts + padding)
     return UnionIndex(index, searcher, part_of, ordered)
+
+
+def unions_dir(cache_dir: str) -> str:
+    """Where a cache directory keeps its pools (and the padding segments they link)."""
+    return os.path.join(cache_dir, _UNIONS_DIR)
+
+
+class PaddedUnion:
+    """A share's parts searched as if they were the whole table (``fulltext_pads``): tantivy scores them, bit
+    for bit, as it scores the table's union, given the table's N, token total and df per term. Each of a few
+    paddings (another N each) is a union of the parts and its padding segments, built when a query first
+    needs it: a query takes the first in which every term's weight can be boosted exactly to the table's."""
+
+    def __init__(
+        self,
+        parts: Sequence[FullTextIndex],
+        cache_dir: str,
+        ordered: bool,
+        num_docs: int,
+        total_tokens: int,
+        pad_token: str,
+        plans: list[Padding],
+    ) -> None:
+        self.parts, self.cache_dir, self.ordered = list(parts), cache_dir, ordered
+        self.num_docs, self.total_tokens = num_docs, total_tokens
+        self.pad_token, self.plans = pad_token, plans
+        self._schema = json.dumps(_layout(parts[0]).meta.get("schema"), sort_keys=True)
+        self._unions: dict[int, UnionIndex | None] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def make(
+        cls, parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool, num_docs: int, total_tokens: int
+    ) -> PaddedUnion | None:
+        """None when no padding fits the share or the padding word is not one token of this analyzer."""
+        pad = parts[0].analyze(PAD_WORD)
+        share_docs, share_tokens = sum(p.num_docs for p in parts), sum(p.total_tokens for p in parts)
+        plans = paddings(share_docs, share_tokens, num_docs, total_tokens, _PADDINGS)
+        if len(pad) != 1 or not plans:
+            return None
+        return cls(parts, cache_dir, ordered, num_docs, total_tokens, pad[0], plans)
+
+    def union(self, i: int) -> UnionIndex | None:
+        """The union padded by ``plans[i]`` (built once); None while its padding segments are being built, or
+        if tantivy's explanation of a padding hit disagrees with ours (``fulltext_pads.checked``). Raises
+        ValueError if a padding index has another schema, and as :func:`union_of` does."""
+        with self._lock:
+            if i in self._unions:
+                return self._unions[i]
+            pads = pad_directories(unions_dir(self.cache_dir), self._schema, self.parts[0].tokenizer, self.plans[i])
+            if pads is None:
+                return None
+            union = union_of(self.parts, self.cache_dir, ordered=self.ordered, pads=pads)
+            probe = tantivy.Query.term_query(union.index.schema, TEXT_FIELD, self.pad_token)
+            fits = checked(union.searcher, probe, self.num_docs, self.total_tokens)
+            if not fits:
+                log.warning("tantivy does not score a padded union as expected; leaves rescore their candidates")
+            self._unions[i] = union if fits else None
+            return self._unions[i]
+
+    def top(
+        self, terms: Sequence[str], k: int, mode: str, doc_freq: Sequence[int]
+    ) -> list[tuple[int, np.ndarray, np.ndarray]] | None:
+        """:meth:`UnionIndex.top` with the table's statistics (``doc_freq``: the table's df of each term); None
+        when no padding lets every term's weight be boosted exactly (the caller rescores then)."""
+        if self.pad_token in terms:
+            return None
+        with self._lock:  # one search over a union built already, else one per part
+            counter = next((u.searcher for u in self._unions.values() if u is not None), None)
+        kept, local, wanted = [], [], []
+        for term, df in zip(terms, doc_freq, strict=True):
+            # the padding holds no term but its own
+            here = counter.doc_freq(TEXT_FIELD, term) if counter else sum(p.doc_freq(term) for p in self.parts)
+            if not here:  # no row of the share holds it: it scores nothing here
+                if mode == "all":
+                    return []
+                continue
+            kept.append(term)
+            local.append(here)
+            wanted.append(weight32(self.num_docs, df))
+        if not kept:
+            return []
+        for i, plan in enumerate(self.plans):
+            boosts = [boost_for(weight32(plan.docs, n), w) for n, w in zip(local, wanted, strict=True)]
+            if all(b is not None for b in boosts):
+                union = self.union(i)
+                if union is not None:
+                    return union.top(kept, k, mode, cast(list[float], boosts))
+        return None
 
 
 @dataclass(frozen=True)
@@ -215,6 +318,7 @@ class _Layout:
 
 _SEGMENTS = "\x00segments\x00"  # where a union's meta.json gets its parts' segments
 _layouts: weakref.WeakKeyDictionary[FullTextIndex, _Layout] = weakref.WeakKeyDictionary()
+_pad_layouts: dict[str, _Layout] = {}
 _layouts_lock = threading.Lock()
 
 
@@ -226,13 +330,27 @@ def _layout(part: FullTextIndex) -> _Layout:
     if known is None:
         if part.directory is None:
             raise ValueError("a part has no directory")
-        meta = read_meta(part.directory)
-        segments = ",".join(json.dumps(seg) for seg in meta["segments"])
-        files = tuple(segment_files(part.directory, meta))
-        known = _Layout(part.directory, meta, segments, int(meta.get("opstamp", 0)), files)
+        known = _read_layout(part.directory)
         with _layouts_lock:
             _layouts[part] = known
     return known
+
+
+def _pad_layout(directory: str) -> _Layout:
+    """A padding segment's layout (``fulltext_pads``), read once per process: padding never changes."""
+    with _layouts_lock:
+        known = _pad_layouts.get(directory)
+    if known is None:
+        known = _read_layout(directory)
+        with _layouts_lock:
+            _pad_layouts[directory] = known
+    return known
+
+
+def _read_layout(directory: str) -> _Layout:
+    meta = read_meta(directory)
+    segments = ",".join(json.dumps(seg) for seg in meta["segments"])
+    return _Layout(directory, meta, segments, int(meta.get("opstamp", 0)), tuple(segment_files(directory, meta)))
 
 
 class _Pool:

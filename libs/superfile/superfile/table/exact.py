@@ -8,7 +8,7 @@ results the index would give:
 
 - :class:`ExactText` answers what :class:`~superfile.format.fulltext.FullTextIndex` does (document
   frequencies, the table-wide BM25 candidates, boolean and exact matches, prefix expansion) from the analysed
-  values: the column's tokenizer, tantivy's length quantisation (``FIELDNORMS``) and the same float64 formula
+  values: the column's tokenizer, tantivy's length quantisation (``FIELDNORMS``) and the same float32 arithmetic
   as the indexed path's exact rescoring (``format/fulltext.py``, ``global_top_k``), so a row scores the same
   with or without the index. Its candidates are exact at once: ``global_top_k`` merges them with the indexed
   files' candidates.
@@ -34,7 +34,7 @@ import pyroaring
 
 from superfile._lru import BudgetLRU
 from superfile.errors import InvalidOptionError
-from superfile.format.fulltext import K1, B, Candidates, CorpusStats, corpus_df, idf, make_analyzer
+from superfile.format.fulltext import Candidates, CorpusStats, corpus_df, length_norm32, make_analyzer, weight32
 from superfile.format.tantivy_files import FIELDNORMS
 from superfile.format.vector_index import exact_distances
 
@@ -83,12 +83,12 @@ class ExactText:
             for term, tf in Counter(tokens).items():
                 rows.setdefault(term, []).append(row)
                 freqs.setdefault(term, []).append(tf)
-        self._postings = {t: (np.asarray(rows[t], np.int64), np.asarray(freqs[t], np.float64)) for t in rows}
+        self._postings = {t: (np.asarray(rows[t], np.int64), np.asarray(freqs[t], np.float32)) for t in rows}
         self.total_tokens = int(lengths.sum())
-        self._lengths = FIELDNORMS[np.searchsorted(FIELDNORMS, lengths, side="right") - 1].astype(np.float64)
-        # what it holds: the values, 16 bytes a posting, the lengths, and ~200 bytes of Python objects a term
+        self._norm_ids = (np.searchsorted(FIELDNORMS, lengths, side="right") - 1).astype(np.uint8)  # tantivy's
+        # what it holds: the values, 12 bytes a posting, the lengths, and ~200 bytes of Python objects a term
         postings = sum(len(r) for r, _ in self._postings.values())
-        self.nbytes = values.nbytes + 16 * postings + self._lengths.nbytes + 200 * len(self._postings)
+        self.nbytes = values.nbytes + 12 * postings + self._norm_ids.nbytes + 200 * len(self._postings)
 
     def doc_freq(self, term: str) -> int:
         """Rows containing the analysed ``term``."""
@@ -134,8 +134,8 @@ class ExactText:
         n_glob, tokens_glob = int(stats.num_docs), int(stats.total_tokens)
         if k <= 0 or not uniq or self.num_docs == 0 or n_glob <= 0 or tokens_glob <= 0:
             return None
-        norm = K1 * (1 - B + B * self._lengths * n_glob / tokens_glob)
-        score = np.zeros(self.num_docs, np.float64)
+        norm = length_norm32(n_glob, tokens_glob)[self._norm_ids]  # tantivy's float32 arithmetic (scores32)
+        score = np.zeros(self.num_docs, np.float32)
         hits = np.zeros(self.num_docs, np.int64)
         scored = 0
         for t in uniq:
@@ -150,8 +150,7 @@ class ExactText:
                     return None
                 continue
             rows, tf = found
-            weight = idf(n_glob, df_glob) * (K1 + 1)
-            score[rows] += weight * tf / (tf + norm[rows])
+            score[rows] = score[rows] + weight32(n_glob, df_glob) * (tf / (tf + norm[rows]))
             hits[rows] += 1
             scored += 1
         if not scored:
@@ -168,7 +167,7 @@ class ExactText:
         if len(rows) > k:  # the file's own k-th best bounds what it can add: keep its ties, drop the rest
             kth = np.partition(score[rows], len(rows) - k)[len(rows) - k]
             rows = rows[score[rows] >= kth]
-        return ExactCandidates(rows, score[rows])
+        return ExactCandidates(rows, score[rows].astype(np.float64))
 
 
 def analysed(key: str, values: Callable[[], pa.Array | pa.ChunkedArray], tokenizer: str) -> ExactText:

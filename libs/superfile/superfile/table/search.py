@@ -37,8 +37,15 @@ from superfile.errors import (
     VectorDimensionError,
 )
 from superfile.expressions import Predicate, parse_predicate
-from superfile.format.fulltext import Candidates, CorpusStats, FullTextIndex, global_top_k, make_analyzer
-from superfile.format.fulltext_union import UnionIndex, UnionText, union_of, union_text
+from superfile.format.fulltext import (
+    Candidates,
+    CorpusStats,
+    FullTextIndex,
+    corpus_df,
+    global_top_k,
+    make_analyzer,
+)
+from superfile.format.fulltext_union import PaddedUnion, UnionIndex, UnionText, union_of, union_text
 from superfile.format.vector_union import VectorUnion
 from superfile.manifest.model import SuperfileEntry
 from superfile.pools import search_pool, searching
@@ -52,7 +59,7 @@ from superfile.search.request import (
     TokenMatch,
     VectorSearch,
 )
-from superfile.table.exact import ExactText, analysed, nearest
+from superfile.table.exact import ExactCandidates, ExactText, analysed, nearest
 from superfile.table.snapshot import Snapshot, on_release, open_readers
 
 __all__ = [
@@ -123,6 +130,8 @@ class _NewestSnapshots:
 _unions = _NewestSnapshots()  # -> (BM25 union, its superfiles in _id order) or None
 # -> (union of the superfiles without deletes, those superfiles) or None; a cache node keeps a few shares
 _exact_unions = _NewestSnapshots(keep=4)
+_padded_unions = _NewestSnapshots(keep=4)  # -> (a share's padded union, its superfiles in _id order) or None
+_PAD_SEGMENTS = 10  # padding segments a padded union may add (fulltext_pads: up to 5 + 5)
 _vector_unions = _NewestSnapshots()  # -> (vector union, its superfiles in part order, part by path) or None
 _vector_summaries = _NewestSnapshots()  # -> _Summaries
 
@@ -528,11 +537,14 @@ class Searcher:
         if not _fits_open_files(len(entries) * _SEGMENT_FILES):
             return None
         entries = sorted(entries, key=lambda e: (e.id_min, e.path))  # segment order: _id order where it can be
-        ordered = all(a.id_max < b.id_min for a, b in itertools.pairwise(entries)) and all(
+        parts = self.snap.each(lambda e: self.snap.open(e).fulltext(column), entries)  # cold ones in parallel
+        return union_of(parts, self.snap.files.cache_dir, ordered=self._ordered(entries)), entries
+
+    def _ordered(self, entries: Sequence[SuperfileEntry]) -> bool:
+        """Whether the rows of ``entries`` (sorted by ``id_min``), in that order, are in ascending ``_id`` order."""
+        return all(a.id_max < b.id_min for a, b in itertools.pairwise(entries)) and all(
             self._ascending(e) for e in entries
         )
-        parts = self.snap.each(lambda e: self.snap.open(e).fulltext(column), entries)  # cold ones in parallel
-        return union_of(parts, self.snap.files.cache_dir, ordered=ordered), entries
 
     def _ascending(self, entry: SuperfileEntry) -> bool:
         """Whether the superfile's rows are in ascending ``_id`` order (appends are; a superfile holding
@@ -568,14 +580,21 @@ class Searcher:
         def one(e: SuperfileEntry) -> Candidates | None:
             return self._fulltext(e, column).candidates(terms, k, stats, mode=mode, allow=self._live(e))
 
-        # a leaf: its share's superfiles without deletes in one tantivy search (ranked with the root's statistics),
-        # the rest one by one
-        exact = self._exact_union(column) if self.corpus is not None and len(candidates) > 1 else None
-        joint_index, members = exact if exact is not None else (None, [])
+        # a leaf: its share's superfiles without deletes in one tantivy search, padded to score with the root's
+        # statistics (else ranked with them and rescored), the rest one by one
+        padded = self._padded_top(column, terms, k, mode) if self.corpus is not None and candidates else None
+        exact = None
+        if padded is None and self.corpus is not None and len(candidates) > 1:
+            exact = self._exact_union(column)
+        joint_index, members = exact if exact is not None else (None, padded[1] if padded is not None else [])
         inside = {e.path for e in members}
         rest = [e for e in candidates if e.path not in inside]
         found = [(e, c) for e, c in zip(rest, self._run(one, rest), strict=True) if c is not None]
         self.searched = len(candidates)
+        if padded is not None:  # exact already: merged with the rest's candidates as such
+            if not found:
+                return self._result(padded[0], k, True, projection)
+            found += [(h.entry, ExactCandidates(h.offsets, np.asarray(h.scores, np.float64))) for h in padded[0]]
         joint = None
         if joint_index is not None and len(rest) < len(candidates):
             joint = joint_index.candidates(terms, k, stats, mode=mode)
@@ -588,6 +607,55 @@ class Searcher:
                 at = part == p
                 hits.append(_Hits(members[p], offsets[at], scores[at]))
         return self._result(hits, k, True, projection)
+
+    def _padded_top(
+        self, column: str, terms: list[str], k: int, mode: str
+    ) -> tuple[list[_Hits], list[SuperfileEntry]] | None:
+        """A leaf's top-``k`` of its share's superfiles without deletes, scored by tantivy as the table's union
+        scores them, bit for bit: one search of a padded union (``format/fulltext_pads.py``). Returns the hits
+        and those superfiles, or None where that cannot be done exactly (the caller rescores them then)."""
+        corpus = self.corpus
+        assert corpus is not None
+        united = self._padded_union(column)
+        if united is None:
+            return None
+        padded, entries = united
+        df = [corpus_df(corpus, t, corpus.num_docs) for t in terms]
+        found = padded.top(terms, k, mode, df)
+        if found is None:
+            return None
+        return [_Hits(entries[i], rows, scores) for i, rows, scores in found], entries
+
+    def _padded_union(self, column: str) -> tuple[PaddedUnion, list[SuperfileEntry]] | None:
+        """This share's superfiles that hold the column's index and no deletes as a :class:`PaddedUnion` with the
+        root's statistics, made once per share and statistics; None without such superfiles, or past the
+        open-file budget."""
+        corpus = self.corpus
+        assert corpus is not None
+
+        def build() -> tuple[PaddedUnion, list[SuperfileEntry]] | None:
+            entries = [e for e in self.snap.entries() if e.deletes is None and column in e.text]
+            if not entries:
+                return None
+            if not _fits_open_files((len(entries) + _PAD_SEGMENTS) * _SEGMENT_FILES):
+                return None
+            entries = sorted(entries, key=lambda e: (e.id_min, e.path))
+            parts = self.snap.each(lambda e: self.snap.open(e).fulltext(column), entries)
+            padded = PaddedUnion.make(
+                parts,
+                self.snap.files.cache_dir,
+                ordered=self._ordered(entries),
+                num_docs=corpus.num_docs,
+                total_tokens=corpus.total_tokens,
+            )
+            return None if padded is None else (padded, entries)
+
+        key = f"{self.snap.key}#{corpus.num_docs}#{corpus.total_tokens}"
+        try:  # None is kept too
+            return _padded_unions.get_or_load(self._table_key(column), key, build)
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("padded full-text union not built, rescoring candidates: %s", exc)
+            return None
 
     def _exact_union(self, column: str) -> tuple[UnionText, list[SuperfileEntry]] | None:
         """One searcher over this share's superfiles that hold the column's index and no deletes, for a leaf's
