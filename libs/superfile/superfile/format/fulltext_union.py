@@ -45,6 +45,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import socket
@@ -54,10 +55,11 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import tantivy
+from cachetools import LRUCache
 
 from superfile.format.fulltext import (
     K1,
@@ -78,7 +80,8 @@ from superfile.format.tantivy_files import read_meta, segment_files
 __all__ = ["PaddedUnion", "UnionIndex", "UnionText", "union_of", "union_text", "unions_dir"]
 
 log = logging.getLogger(__name__)
-_PADDINGS = 16  # paddings a share may use: a term's weight cannot be boosted exactly in ~1 of 8 (measured)
+_PADDINGS = 32  # paddings a share may use (a term's weight cannot be boosted exactly in ~1 of 8, measured)
+_TERMS_KEPT = 4096  # terms whose share df and boosts a padded union keeps
 _TIE_EXTRA = 16  # hits fetched past k, so rows tied with the k-th are all seen (ties break by _id later)
 _KEEP_UNIONS = 8  # unions whose files a pool keeps linked (a search may build one for an older snapshot)
 _UNIONS_DIR = "unions"  # where in a cache directory they are
@@ -242,6 +245,7 @@ class PaddedUnion:
         self.pad_token, self.plans = pad_token, plans
         self._schema = json.dumps(_layout(parts[0]).meta.get("schema"), sort_keys=True)
         self._unions: dict[int, UnionIndex | None] = {}
+        self._terms: LRUCache[tuple[str, int], tuple[int, list[float]]] = LRUCache(maxsize=_TERMS_KEPT)
         self._lock = threading.Lock()
 
     @classmethod
@@ -281,28 +285,39 @@ class PaddedUnion:
         when no padding lets every term's weight be boosted exactly (the caller rescores then)."""
         if self.pad_token in terms:
             return None
-        with self._lock:  # one search over a union built already, else one per part
-            counter = next((u.searcher for u in self._unions.values() if u is not None), None)
-        kept, local, wanted = [], [], []
+        kept, boosts = [], []
         for term, df in zip(terms, doc_freq, strict=True):
-            # the padding holds no term but its own
-            here = counter.doc_freq(TEXT_FIELD, term) if counter else sum(p.doc_freq(term) for p in self.parts)
+            here, each = self._term(term, df)
             if not here:  # no row of the share holds it: it scores nothing here
                 if mode == "all":
                     return []
                 continue
             kept.append(term)
-            local.append(here)
-            wanted.append(weight32(self.num_docs, df))
+            boosts.append(each)
         if not kept:
             return []
-        for i, plan in enumerate(self.plans):
-            boosts = [boost_for(weight32(plan.docs, n), w) for n, w in zip(local, wanted, strict=True)]
-            if all(b is not None for b in boosts):
-                union = self.union(i)
-                if union is not None:
-                    return union.top(kept, k, mode, cast(list[float], boosts))
+        usable = np.all(np.isfinite(np.asarray(boosts, np.float64)), axis=0)  # per padding: every term boosted
+        for i in np.flatnonzero(usable).tolist():
+            union = self.union(i)
+            if union is not None:
+                return union.top(kept, k, mode, [b[i] for b in boosts])
         return None
+
+    def _term(self, term: str, df: int) -> tuple[int, list[float]]:
+        """The share's df of ``term`` and its boost in each padding (NaN where none is exact), given its table
+        df: computed once per term (and table df) for this share."""
+        with self._lock:
+            known = self._terms.get((term, df))
+            counter = next((u.searcher for u in self._unions.values() if u is not None), None)
+        if known is None:
+            # the padding holds no term but its own: one look-up in a union built already, else one per part
+            here = counter.doc_freq(TEXT_FIELD, term) if counter else sum(p.doc_freq(term) for p in self.parts)
+            wanted = weight32(self.num_docs, df)
+            each = [boost_for(weight32(plan.docs, here), wanted) if here else None for plan in self.plans]
+            known = here, [math.nan if b is None else b for b in each]
+            with self._lock:
+                self._terms[(term, df)] = known
+        return known
 
 
 @dataclass(frozen=True)
