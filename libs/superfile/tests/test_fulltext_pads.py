@@ -5,6 +5,7 @@ length, and boosts that turn the share's term weights into the table's (``format
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 from collections import Counter
@@ -22,7 +23,7 @@ from superfile.format.fulltext import (
     scores32,
     weight32,
 )
-from superfile.format.fulltext_pads import boost_for, checked, pad_directories, paddings
+from superfile.format.fulltext_pads import boost_for, boosts_for, checked, pad_directories, paddings
 from superfile.format.tantivy_files import fieldnorm_id
 
 F32 = np.float32
@@ -82,6 +83,16 @@ def test_boosts_give_the_table_s_weight_exactly() -> None:
             assert F32(local * F32(boost)) == wanted
             found += 1
     assert found > 0.8 * 5000
+
+
+def test_boosts_of_many_paddings_at_once_are_the_one_by_one_boosts() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        docs = np.sort(rng.integers(1_000, 500_000, 32))
+        df = int(rng.integers(1, 900))
+        wanted = weight32(int(rng.integers(600_000, 2_000_000)), int(rng.integers(df, 3 * df + 10)))
+        each = [boost_for(weight32(int(d), df), wanted) for d in docs]
+        np.testing.assert_array_equal([math.nan if b is None else b for b in each], boosts_for(docs, df, wanted))
 
 
 @pytest.mark.parametrize(("share_docs", "share_tokens"), [(300_000, 17_900_000), (300_000, 18_400_000), (900, 55_000)])

@@ -72,6 +72,7 @@ __all__ = [
     "scores32",
     "value_hash",
     "weight32",
+    "weights32",
 ]
 
 TOKENIZERS = ("english", "simple", "raw", "whitespace")
@@ -903,6 +904,13 @@ def idf32(num_docs: int, doc_freq: int) -> np.float32:
 def weight32(num_docs: int, doc_freq: int) -> np.float32:
     """Tantivy's BM25 weight of a term, ``idf * (K1 + 1)``."""
     return idf32(num_docs, doc_freq) * (_F32(K1) + _F32(1.0))
+
+
+def weights32(num_docs: np.ndarray, doc_freq: int) -> np.ndarray:
+    """:func:`weight32` of one df at several document counts (float32 array)."""
+    x = ((num_docs - doc_freq).astype(np.float32) + _F32(0.5)) / (_F32(doc_freq) + _F32(0.5))
+    logs = np.fromiter((_logf(v) for v in (_F32(1.0) + x).tolist()), np.float32, len(x))
+    return logs * (_F32(K1) + _F32(1.0))
 
 
 def avgdl32(num_docs: int, total_tokens: int) -> np.float32:

@@ -37,11 +37,19 @@ from typing import Any, NamedTuple
 import numpy as np
 import tantivy
 
-from superfile.format.fulltext import TEXT_FIELD, analyzer_name, avgdl32, idf32, index_schema, make_analyzer
+from superfile.format.fulltext import (
+    TEXT_FIELD,
+    analyzer_name,
+    avgdl32,
+    idf32,
+    index_schema,
+    make_analyzer,
+    weights32,
+)
 from superfile.format.tantivy_files import read_meta
 from superfile.pools import build_pool
 
-__all__ = ["PAD_WORD", "Padding", "boost_for", "checked", "pad_directories", "paddings"]
+__all__ = ["PAD_WORD", "Padding", "boost_for", "boosts_for", "checked", "pad_directories", "paddings"]
 
 PAD_WORD = "superfilepad"  # the padding documents' one word (a query holding its token is rescored instead)
 _BASE = 16
@@ -80,6 +88,23 @@ class Padding(NamedTuple):
     empty: int
     tokens: int
     docs: int
+
+
+def boosts_for(docs: np.ndarray, doc_freq: int, wanted: np.float32) -> list[float]:
+    """:func:`boost_for` of a term of share df ``doc_freq`` in paddings of ``docs`` documents each: the float32
+    boost per padding, NaN where none is exact. Vectorised: the guess and its eight neighbours each way at
+    once (a term is looked at once per share and table df, but a commit makes both new)."""
+    local = weights32(docs, doc_freq)
+    guess = (np.float64(wanted) / local.astype(np.float64)).astype(_F32)
+    out = np.full(len(docs), np.nan)
+    up, down = guess.copy(), guess.copy()
+    for _ in range(8):
+        for b in (up, down):
+            hit = np.isnan(out) & (local * b == wanted)
+            out[hit] = b[hit]
+        up, down = np.nextafter(up, _F32(np.inf)), np.nextafter(down, _F32(0))
+    out[(local <= 0) | (wanted <= 0)] = np.nan
+    return out.tolist()
 
 
 def paddings(share_docs: int, share_tokens: int, num_docs: int, total_tokens: int, count: int) -> list[Padding]:

@@ -45,7 +45,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import socket
@@ -74,7 +73,7 @@ from superfile.format.fulltext import (
     make_analyzer,
     weight32,
 )
-from superfile.format.fulltext_pads import PAD_WORD, Padding, boost_for, checked, pad_directories, paddings
+from superfile.format.fulltext_pads import PAD_WORD, Padding, boosts_for, checked, pad_directories, paddings
 from superfile.format.tantivy_files import read_meta, segment_files
 
 __all__ = ["PaddedUnion", "UnionIndex", "UnionText", "union_of", "union_text", "unions_dir"]
@@ -215,7 +214,7 @@ def union_of(parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool, p
     padding = [_pad_layout(d) for d in pads]
     part_of += [-1 for x in padding for _ in x.meta["segments"]]
     pool = _pool(cache_dir, layouts[0].meta, parts[0].tokenizer)
-    index, searcher = pool.searcher(layouts + padding)
+    index, searcher = pool.searcher(layouts + padding, kept=padding)
     return UnionIndex(index, searcher, part_of, ordered)
 
 
@@ -244,6 +243,7 @@ class PaddedUnion:
         self.num_docs, self.total_tokens = num_docs, total_tokens
         self.pad_token, self.plans = pad_token, plans
         self._schema = json.dumps(_layout(parts[0]).meta.get("schema"), sort_keys=True)
+        self._docs = np.asarray([plan.docs for plan in plans], np.int64)
         self._unions: dict[int, UnionIndex | None] = {}
         self._terms: LRUCache[tuple[str, int], tuple[int, list[float]]] = LRUCache(maxsize=_TERMS_KEPT)
         self._lock = threading.Lock()
@@ -312,9 +312,7 @@ class PaddedUnion:
         if known is None:
             # the padding holds no term but its own: one look-up in a union built already, else one per part
             here = counter.doc_freq(TEXT_FIELD, term) if counter else sum(p.doc_freq(term) for p in self.parts)
-            wanted = weight32(self.num_docs, df)
-            each = [boost_for(weight32(plan.docs, here), wanted) if here else None for plan in self.plans]
-            known = here, [math.nan if b is None else b for b in each]
+            known = here, boosts_for(self._docs, here, weight32(self.num_docs, df)) if here else []
             with self._lock:
                 self._terms[(term, df)] = known
         return known
@@ -377,10 +375,14 @@ class _Pool:
         self._index: tantivy.Index | None = None
         self._linked: set[str] = set()
         self._recent: deque[set[str]] = deque(maxlen=_KEEP_UNIONS)  # the files of the latest unions
+        self._kept: set[str] = set()  # padding segments' files: linked for good (a bounded family)
 
-    def searcher(self, layouts: list[_Layout]) -> tuple[tantivy.Index, Any]:
-        """The pool's index and a searcher over exactly these parts' segments, in order."""
+    def searcher(self, layouts: list[_Layout], kept: Sequence[_Layout] = ()) -> tuple[tantivy.Index, Any]:
+        """The pool's index and a searcher over exactly these parts' segments, in order. The files of ``kept``
+        (padding segments, shared by every padded union and never removed) stay linked for good."""
         with self._lock:
+            for layout in kept:
+                self._kept.update(layout.files)
             try:
                 return self._searcher(layouts, repair=False)
             except (OSError, ValueError):  # a link left dangling (its extraction was removed): link anew
@@ -416,7 +418,7 @@ class _Pool:
             self._index.reload()
         searcher = self._index.searcher()
         self._recent.append(names)
-        keep = set().union(*self._recent)
+        keep = set().union(self._kept, *self._recent)
         for name in self._linked - keep:  # an open searcher keeps the files it mapped
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.path, name))
