@@ -206,3 +206,26 @@ def test_a_leaf_rescores_its_superfiles_with_deletes(snapshots: tuple[Snapshot, 
     with_deletes = [e.path for e in snap.entries() if e.deletes is not None]
     terms = list(dict.fromkeys(Searcher(snap)._analyze(COLUMN, queries[0])))
     assert not _was_padded(snap, with_deletes, terms, 10, "any")
+
+
+def test_padding_removed_from_the_cache_directory_is_built_again(
+    snapshots: tuple[Snapshot, Snapshot], queries: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever clears the cache directory may remove the padding segments under a running node: its searches
+    rescore (the same answers) while they are built again, then are padded again."""
+    import shutil
+
+    from superfile.format import fulltext_pads
+    from superfile.format.fulltext_union import unions_dir
+    from superfile.table import search
+
+    snap = snapshots[0]
+    _padded_pass(snap, queries, 22, monkeypatch)
+    shutil.rmtree(os.path.join(unions_dir(snap.files.cache_dir), "pads"))
+    monkeypatch.setattr(search, "_padded_unions", search._NewestSnapshots(keep=4))  # the next version's unions
+    _padded_pass(snap, queries, 23, monkeypatch)  # rescored meanwhile, answers unchanged
+    deadline = time.monotonic() + 60
+    while fulltext_pads._building and time.monotonic() < deadline:
+        time.sleep(0.05)
+    padded, calls = _padded_pass(snap, queries, 24, monkeypatch)
+    assert padded >= 0.8 * calls, f"{padded} of {calls} leaf calls padded after the padding was built again"

@@ -149,12 +149,12 @@ def pad_directories(unions_dir: str, schema_json: str, tokenizer: str, padding: 
     out, ready = [], True
     for name in names:
         directory = os.path.join(family, name)
+        if not os.path.exists(os.path.join(directory, "meta.json")):  # not built yet, or removed since
+            _build_later(directory, tokenizer, name)
+            ready = False
+            continue
         fits = _built.get(directory)
         if fits is None:
-            if not os.path.exists(os.path.join(directory, "meta.json")):
-                _build_later(directory, tokenizer, name)
-                ready = False
-                continue
             fits = _built[directory] = json.dumps(read_meta(directory).get("schema"), sort_keys=True) == schema_json
         if not fits:
             raise ValueError(f"padding index {directory} has another schema than the superfiles' indexes")

@@ -331,7 +331,7 @@ class _Layout:
 
 _SEGMENTS = "\x00segments\x00"  # where a union's meta.json gets its parts' segments
 _layouts: weakref.WeakKeyDictionary[FullTextIndex, _Layout] = weakref.WeakKeyDictionary()
-_pad_layouts: dict[str, _Layout] = {}
+_pad_layouts: dict[tuple[str, int], _Layout] = {}
 _layouts_lock = threading.Lock()
 
 
@@ -350,13 +350,15 @@ def _layout(part: FullTextIndex) -> _Layout:
 
 
 def _pad_layout(directory: str) -> _Layout:
-    """A padding segment's layout (``fulltext_pads``), read once per process: padding never changes."""
+    """A padding segment's layout (``fulltext_pads``), read once per build of it: a padding never changes, but
+    one removed from the cache directory is built again, with other file names."""
+    key = (directory, os.stat(os.path.join(directory, "meta.json")).st_mtime_ns)
     with _layouts_lock:
-        known = _pad_layouts.get(directory)
+        known = _pad_layouts.get(key)
     if known is None:
         known = _read_layout(directory)
         with _layouts_lock:
-            _pad_layouts[directory] = known
+            _pad_layouts[key] = known
     return known
 
 

@@ -621,7 +621,11 @@ class Searcher:
             return None
         padded, entries = united
         df = [corpus_df(corpus, t, corpus.num_docs) for t in terms]
-        found = padded.top(terms, k, mode, df)
+        try:
+            found = padded.top(terms, k, mode, df)
+        except (OSError, ValueError, RuntimeError) as exc:  # a padding's files removed under it, say
+            log.warning("padded full-text union not searched, rescoring candidates: %s", exc)
+            return None
         if found is None:
             return None
         return [_Hits(entries[i], rows, scores) for i, rows, scores in found], entries
