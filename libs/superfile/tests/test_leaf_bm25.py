@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -92,15 +93,11 @@ def _same(a: pa.Table, b: pa.Table, exact: bool) -> None:
     assert sa == sb if exact else sa == pytest.approx(sb, rel=1e-6)
 
 
-@pytest.mark.parametrize("which", ["before deletes", "after deletes"])
-def test_leaf_union_is_the_per_superfile_path_and_the_leaves_are_embedded(
-    snapshots: tuple[Snapshot, Snapshot], queries: list[str], which: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    snap = snapshots[0] if which == "before deletes" else snapshots[1]
+def _cases(snap: Snapshot, queries: list[str], seed: int) -> Iterator[tuple[list[str], str, int, list[list[str]]]]:
+    """40 random searches (terms, mode, k) of the snapshot, each with a random split into three shares."""
     paths = [e.path for e in snap.entries()]
-    rng = random.Random(16)
+    rng = random.Random(seed)
     searcher = Searcher(snap)
-    united = 0
     for i, text in enumerate(rng.sample(queries, 40)):
         terms = list(dict.fromkeys(searcher._analyze(COLUMN, text)))
         mode = "all" if i % 4 == 3 else "any"
@@ -109,7 +106,16 @@ def test_leaf_union_is_the_per_superfile_path_and_the_leaves_are_embedded(
         k = rng.choice([1, 10, 37])
         shuffled = rng.sample(paths, len(paths))
         cuts = sorted(rng.sample(range(1, len(paths)), 2))
-        shares = [shuffled[: cuts[0]], shuffled[cuts[0] : cuts[1]], shuffled[cuts[1] :]]
+        yield terms, mode, k, [shuffled[: cuts[0]], shuffled[cuts[0] : cuts[1]], shuffled[cuts[1] :]]
+
+
+@pytest.mark.parametrize("which", ["before deletes", "after deletes"])
+def test_leaf_union_is_the_per_superfile_path_and_the_leaves_are_embedded(
+    snapshots: tuple[Snapshot, Snapshot], queries: list[str], which: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = snapshots[0] if which == "before deletes" else snapshots[1]
+    united = 0
+    for terms, mode, k, shares in _cases(snap, queries, 16):
         leaves = []
         for share in shares:
             got = _leaf(snap, share, terms, k, mode)
@@ -154,20 +160,10 @@ def test_union_rows_split_back_into_their_superfiles(snapshots: tuple[Snapshot, 
 def _padded_pass(snap: Snapshot, queries: list[str], seed: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
     """Searches of random three-way shares: each leaf's answer is the leaf's without padding, and the merged
     answer the embedded one, to the bit. Returns (leaf calls answered padded, leaf calls)."""
-    paths = [e.path for e in snap.entries()]
-    rng = random.Random(seed)
-    searcher = Searcher(snap)
     padded = calls = 0
-    for i, text in enumerate(rng.sample(queries, 40)):
-        terms = list(dict.fromkeys(searcher._analyze(COLUMN, text)))
-        mode = "all" if i % 4 == 3 else "any"
-        if mode == "all":
-            terms = terms[:2]
-        k = rng.choice([1, 10, 37])
-        shuffled = rng.sample(paths, len(paths))
-        cuts = sorted(rng.sample(range(1, len(paths)), 2))
+    for terms, mode, k, shares in _cases(snap, queries, seed):
         leaves = []
-        for share in (shuffled[: cuts[0]], shuffled[cuts[0] : cuts[1]], shuffled[cuts[1] :]):
+        for share in shares:
             got = _leaf(snap, share, terms, k, mode)
             _same(got, _rescored(monkeypatch, snap, share, terms, k, mode), exact=True)
             leaves.append(got)
