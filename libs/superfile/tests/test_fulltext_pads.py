@@ -56,11 +56,11 @@ def test_scores_are_tantivy_s_to_the_bit(seed: int) -> None:
             [(tantivy.Occur.Should, tantivy.Query.term_query(index.schema, TEXT_FIELD, t)) for t in terms]
         )
         hits = searcher.search(query, 50, count=False).hits
-        rows = searcher.fast_field_values("_row", [d for _, d in hits])
+        rows = np.asarray(searcher.fast_field_values("_row", [d for _, d in hits]), np.int64).tolist()
         weights = np.asarray([weight32(n, searcher.doc_freq(TEXT_FIELD, t)) for t in terms], np.float32)
-        counts = [Counter(texts[int(r)]) for r in rows]  # type: ignore[call-overload]
+        counts = [Counter(texts[r]) for r in rows]
         tf = np.asarray([[c[t] for c in counts] for t in terms], np.float32)
-        ids = np.asarray([fieldnorm_id(len(texts[int(r)])) for r in rows])  # type: ignore[call-overload]
+        ids = np.asarray([fieldnorm_id(len(texts[r])) for r in rows])
         expected = scores32(weights, tf, norm[ids])
         assert [F32(s) for s, _ in hits] == expected.tolist()
         checked_hits += len(hits)
