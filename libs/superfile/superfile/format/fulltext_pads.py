@@ -13,7 +13,7 @@ mechanisms make its float32 scores the table's instead, bit for bit:
   into every padded union (so a commit builds nothing).
 - **Each term's idf.** A term's weight is ``idf(N, df) * (K1 + 1)`` in float32, and a boost multiplies it
   once, in float32 (``Bm25Weight::boost_by``). The boost whose product with the share's weight is the
-  table's weight is searched among a few float32 neighbours of their quotient: :func:`boost_for`.
+  table's weight is searched among a few float32 neighbours of their quotient: :func:`boosts_for`.
 
 The weights are tantivy's arithmetic as ``fulltext.weight32`` reproduces it. A padded union is checked
 against tantivy's own explanation of a padding hit (its avgdl and an idf) before use, so a tantivy that
@@ -49,7 +49,7 @@ from superfile.format.fulltext import (
 from superfile.format.tantivy_files import read_meta
 from superfile.pools import build_pool
 
-__all__ = ["PAD_WORD", "Padding", "boost_for", "boosts_for", "checked", "pad_directories", "paddings"]
+__all__ = ["PAD_WORD", "Padding", "boosts_for", "checked", "pad_directories", "paddings"]
 
 PAD_WORD = "superfilepad"  # the padding documents' one word (a query holding its token is rescored instead)
 _BASE = 16
@@ -65,21 +65,6 @@ _building_lock = threading.Lock()
 log = logging.getLogger(__name__)
 
 
-def boost_for(local: np.float32, wanted: np.float32) -> float | None:
-    """A float32 boost ``b`` with ``float32(local * b) == wanted`` (tantivy folds a boost into a term's
-    weight by that one product), or None if no float32 near their quotient gives it."""
-    if local <= 0 or wanted <= 0:
-        return None
-    guess = _F32(float(wanted) / float(local))
-    up, down = guess, guess
-    for _ in range(8):
-        for b in (up, down):
-            if _F32(local * b) == wanted:
-                return float(b)
-        up, down = np.nextafter(up, _F32(np.inf)), np.nextafter(down, _F32(0))
-    return None
-
-
 class Padding(NamedTuple):
     """Padding segments for one share: ``empty`` empty documents and ``tokens`` padding tokens, held by one
     document per hex digit (:data:`_TOKEN_DIGITS` documents, some of them empty); the padded union then holds
@@ -91,9 +76,10 @@ class Padding(NamedTuple):
 
 
 def boosts_for(docs: np.ndarray, doc_freq: int, wanted: np.float32) -> list[float]:
-    """:func:`boost_for` of a term of share df ``doc_freq`` in paddings of ``docs`` documents each: the float32
-    boost per padding, NaN where none is exact. Vectorised: the guess and its eight neighbours each way at
-    once (a term is looked at once per share and table df, but a commit makes both new)."""
+    """For a term of share df ``doc_freq``, in paddings of ``docs`` documents each: the float32 boost ``b``
+    with ``float32(weight * b) == wanted`` (tantivy folds a boost into a term's weight by that one product),
+    NaN where no float32 near their quotient gives it. The quotient and its eight neighbours each way are
+    tried, nearest first, for every padding at once (a commit makes every term's boosts new)."""
     local = weights32(docs, doc_freq)
     guess = (np.float64(wanted) / local.astype(np.float64)).astype(_F32)
     out = np.full(len(docs), np.nan)

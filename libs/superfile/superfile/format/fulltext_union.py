@@ -105,7 +105,7 @@ class UnionIndex:
     ) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """The BM25 top-``k`` of analysed ``terms`` (mode "any" or "all"), as (part index, row offsets,
         float32 scores) per part that has hits; ties break by ``_id`` as on the per-superfile path.
-        ``boosts``: one per term, multiplying its weight (``fulltext_pads.boost_for``).
+        ``boosts``: one per term, multiplying its weight (``fulltext_pads.boosts_for``).
 
         Tantivy breaks ties by ascending (segment, doc). When the union is ``ordered`` that is ``_id``
         order, and its top-k is the answer. Otherwise every row tied with the k-th is fetched as well, and
