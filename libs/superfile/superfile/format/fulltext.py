@@ -893,24 +893,29 @@ _logf = _libm.logf
 _logf.restype = ctypes.c_float
 _logf.argtypes = [ctypes.c_float]
 _F32 = np.float32
+_WEIGHT = _F32(K1) + _F32(1.0)  # a term's weight is its idf times this
+
+
+def _idfs32(num_docs: np.ndarray, doc_freq: int) -> np.ndarray:
+    """Tantivy's idf of one df at several document counts: ``ln(1 + ((N - n) + 0.5) / (n + 0.5))`` with N - n
+    and n converted to float32, the log by ``logf`` one value at a time."""
+    x = ((num_docs - doc_freq).astype(np.float32) + _F32(0.5)) / (_F32(doc_freq) + _F32(0.5))
+    return np.fromiter((_logf(v) for v in (_F32(1.0) + x).tolist()), np.float32, len(x))
 
 
 def idf32(num_docs: int, doc_freq: int) -> np.float32:
-    """Tantivy's idf: ``ln(1 + ((N - n) + 0.5) / (n + 0.5))`` with N - n and n converted to float32."""
-    x = (_F32(num_docs - doc_freq) + _F32(0.5)) / (_F32(doc_freq) + _F32(0.5))
-    return _F32(_logf(float(_F32(1.0) + x)))
+    """Tantivy's idf of a term in ``doc_freq`` of ``num_docs`` documents."""
+    return _idfs32(np.asarray([num_docs], np.int64), doc_freq)[0]
 
 
 def weight32(num_docs: int, doc_freq: int) -> np.float32:
     """Tantivy's BM25 weight of a term, ``idf * (K1 + 1)``."""
-    return idf32(num_docs, doc_freq) * (_F32(K1) + _F32(1.0))
+    return idf32(num_docs, doc_freq) * _WEIGHT
 
 
 def weights32(num_docs: np.ndarray, doc_freq: int) -> np.ndarray:
     """:func:`weight32` of one df at several document counts (float32 array)."""
-    x = ((num_docs - doc_freq).astype(np.float32) + _F32(0.5)) / (_F32(doc_freq) + _F32(0.5))
-    logs = np.fromiter((_logf(v) for v in (_F32(1.0) + x).tolist()), np.float32, len(x))
-    return logs * (_F32(K1) + _F32(1.0))
+    return _idfs32(num_docs, doc_freq) * _WEIGHT
 
 
 def avgdl32(num_docs: int, total_tokens: int) -> np.float32:

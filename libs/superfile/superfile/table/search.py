@@ -536,9 +536,16 @@ class Searcher:
             return None
         if not _fits_open_files(len(entries) * _SEGMENT_FILES):
             return None
-        entries = sorted(entries, key=lambda e: (e.id_min, e.path))  # segment order: _id order where it can be
-        parts = self.snap.each(lambda e: self.snap.open(e).fulltext(column), entries)  # cold ones in parallel
+        entries, parts = self._sorted_parts(entries, column)
         return union_of(parts, self.snap.files.cache_dir, ordered=self._ordered(entries)), entries
+
+    def _sorted_parts(
+        self, entries: Sequence[SuperfileEntry], column: str
+    ) -> tuple[list[SuperfileEntry], list[FullTextIndex]]:
+        """``entries`` in a union's segment order (``_id`` order where it can be) and their indexes of ``column``,
+        the cold ones opened in parallel."""
+        ordered = sorted(entries, key=lambda e: (e.id_min, e.path))
+        return ordered, self.snap.each(lambda e: self.snap.open(e).fulltext(column), ordered)
 
     def _ordered(self, entries: Sequence[SuperfileEntry]) -> bool:
         """Whether the rows of ``entries`` (sorted by ``id_min``), in that order, are in ascending ``_id`` order."""
@@ -586,7 +593,8 @@ class Searcher:
         exact = None
         if padded is None and self.corpus is not None and len(candidates) > 1:
             exact = self._exact_union(column)
-        joint_index, members = exact if exact is not None else (None, padded[1] if padded is not None else [])
+        joint_index = exact[0] if exact is not None else None
+        members = exact[1] if exact is not None else padded[1] if padded is not None else []
         inside = {e.path for e in members}
         rest = [e for e in candidates if e.path not in inside]
         found = [(e, c) for e, c in zip(rest, self._run(one, rest), strict=True) if c is not None]
@@ -643,8 +651,7 @@ class Searcher:
                 return None
             if not _fits_open_files((len(entries) + _PAD_SEGMENTS) * _SEGMENT_FILES):
                 return None
-            entries = sorted(entries, key=lambda e: (e.id_min, e.path))
-            parts = self.snap.each(lambda e: self.snap.open(e).fulltext(column), entries)
+            entries, parts = self._sorted_parts(entries, column)
             padded = PaddedUnion.make(
                 parts,
                 self.snap.files.cache_dir,
@@ -671,8 +678,7 @@ class Searcher:
             # it maps its parts' files twice: through the union, and through each part's own index (term scores)
             if len(entries) < 2 or not _fits_open_files(2 * len(entries) * _SEGMENT_FILES):
                 return None
-            entries.sort(key=lambda e: (e.id_min, e.path))
-            opened = self.snap.each(lambda e: self.snap.open(e).fulltext(column), entries)
+            entries, opened = self._sorted_parts(entries, column)
             single = [(e, p) for e, p in zip(entries, opened, strict=True) if p.searcher.num_segments == 1]
             if len(single) < 2:  # a superfile's index is one segment unless its build outgrew the writer's heap
                 return None
