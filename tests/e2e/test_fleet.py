@@ -8,7 +8,8 @@ query service, which fans out to three cache nodes (real processes on 127.0.0.1)
   quarter of them;
 - bad input gets typed answers: 401 without the internal token, 400 for a malformed leaf request, and a
   superfile missing from storage is a ``SuperfileMissingError`` naming it, at the node and through the SDK;
-- a commit's BM25 statistics are gathered for the terms searched lately before the next search needs them.
+- a commit's BM25 statistics are gathered for the terms searched lately before the next search needs them;
+- the gateway reads on through a query service restarted on its port, on a new connection.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from e2e_support import wait_until
 from fleet_support import API_KEY, FleetProcesses, aws_env, request, running_fleet, s3_bucket
 from superfile.errors import SuperfileMissingError
 from superfile.search.placement import assign
-from superfile_suite import Server
+from superfile_suite import Server, start_query
 
 DIM = 8
 VOCAB = [
@@ -531,3 +532,24 @@ def test_cache_node_killed_mid_reads(setup: Setup) -> None:
     now = {p: _copies(victim_dir).get(_copy_name(p)) for p in owned}
     assert now == held, "the restarted node downloaded again a superfile it held"
     assert stats["downloads"] <= len(paths) - len(owned), stats  # only what it never had, if anything
+
+
+def test_the_gateway_reads_on_after_the_query_service_restarts(setup: Setup) -> None:
+    """The gateway keeps its connections to the query service. SIGKILL that service and start it again on its
+    port: the next read, with no retry in the SDK, goes through on a new connection, not on a kept one the
+    dead process left behind."""
+    fleet = setup.fleet
+    assert fleet.query is not None
+    conn = superfile.connect(fleet.gateway.url, api_key=API_KEY, max_retries=0)  # type: ignore[union-attr]
+    try:
+        table = conn.open_table("docs")
+        expected = READS["bm25 any"](setup.emb.open_table("docs"))
+        for _ in range(3):  # the gateway now holds a kept connection to the query service
+            _same(expected, READS["bm25 any"](table), "before the restart")
+        old = fleet.query
+        old.proc.kill()
+        old.proc.wait(timeout=10)
+        fleet.query = start_query(fleet.uri, [n.url for n in fleet.cache], fleet.token, env=fleet.env, port=old.port)
+        _same(expected, READS["bm25 any"](table), "the first read after the restart")
+    finally:
+        conn.close()

@@ -14,7 +14,8 @@ share for ``move_after_s`` (``SUPERFILE_MOVE_AFTER_S``, default 60 s, as
 Elasticsearch delays reallocating a departed node's shards): meanwhile the
 next nodes read its superfiles transiently, keeping no copies, so a restart
 downloads nothing; only past that is its share placed, and warmed, on the
-others. Every call
+others. A read's thread writes its calls and awaits them together, with
+no thread per call (``transport.py``). Every call
 of one read shares one deadline. A typed error from a leaf (a bad argument, a
 missing superfile) is the read's answer: it is raised as such, not retried.
 See docs/query.md.
@@ -27,19 +28,20 @@ import functools
 import json
 import logging
 import os
+import queue
+import selectors
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow as pa
-import urllib3
 
 from superfile.errors import CacheNodeUnavailableError, InvalidOptionError, SuperfileMissingError
 from superfile.expressions import Predicate
@@ -47,6 +49,7 @@ from superfile.remote.errors import error_from_response
 from superfile.remote.wire import ARROW_STREAM, from_ipc
 from superfile.search.leaf import OPS, PARTS, LeafRequest
 from superfile.search.placement import assign, rank
+from superfile.search.transport import Answer, Call, Connections, NoAnswer
 from superfile.table.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -141,7 +144,7 @@ class Fleet:
         headers = {"accept": f"{ARROW_STREAM}, application/json", "content-type": "application/json"}
         if token:
             headers["authorization"] = f"Bearer {token}"
-        self._http = urllib3.PoolManager(num_pools=64, maxsize=16, headers=headers, retries=False)
+        self._http = Connections(headers)
         self._members: dict[str, Member] = {}
         self._lock = threading.Lock()
         self.generation = 0  # changes whenever a node joins, leaves, fails or recovers (what warming follows)
@@ -149,9 +152,9 @@ class Fleet:
         self._placed: tuple[str, ...] = ()  # the nodes superfiles are placed on: the live and the recently away
         self._latencies: deque[float] = deque(maxlen=512)
         self._p95_cached: tuple[float, float] | None = None  # (when, p95)
+        # shares sent on after a failure (``_next``) or to the next node (``_share``): off the read's thread, which
+        # waits on its other calls meanwhile
         self._calls = ThreadPoolExecutor(32, thread_name_prefix="superfile-fanout")
-        # calls a hedge may leave running until the deadline: a pool of their own, apart from health checks
-        self._hedges = ThreadPoolExecutor(64, thread_name_prefix="superfile-hedge")
         self._checks = ThreadPoolExecutor(8, thread_name_prefix="superfile-fleet-check")
         self._strikes: dict[str, int] = {}  # per node: hedges in a row that another node won
         self._slow_until: dict[str, float] = {}  # nodes resting for being slow, until then (they keep their share)
@@ -192,8 +195,8 @@ class Fleet:
 
     def _healthy(self, url: str) -> bool:
         try:
-            return self._http.request("GET", f"{url}/healthz", timeout=1.0).status == 200
-        except urllib3.exceptions.HTTPError:
+            return self._http.request("GET", url, "/healthz", None, 1.0).status == 200
+        except NoAnswer:
             return False
 
     def refresh(self) -> None:
@@ -250,7 +253,7 @@ class Fleet:
         """A hedge against ``url`` was won by another node (``lost``), or ``url`` answered in time. Three lost
         in a row rest it for ``_SLOW_REST_S``: it keeps its share (placement does not move, nothing is copied),
         but reads send that share straight to the next node as a transient call instead of costing each read
-        a hedge and a thread held until the slow answer comes."""
+        a hedge."""
         with self._lock:
             strikes = self._strikes.get(url, 0) + 1 if lost else 0
             self._strikes[url] = strikes
@@ -282,27 +285,36 @@ class Fleet:
     def _ask(
         self, url: str, request: LeafRequest, deadline: float, args_json: str | None = None
     ) -> pa.Table | dict[str, Any]:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise _NoAnswer(f"{url}: the deadline passed")
+        """``request``'s answer from ``url``, waited for in this thread."""
         start = time.perf_counter()
+        return self._answer(self._send(url, request, deadline, args_json), request, deadline, start)
+
+    def _send(self, url: str, request: LeafRequest, deadline: float, args_json: str | None) -> Call:
         try:
-            response = self._http.request("POST", f"{url}/v1/leaf", body=request.encode(args_json), timeout=left)
-        except urllib3.exceptions.HTTPError as e:
+            return self._http.send("POST", url, "/v1/leaf", request.encode(args_json), deadline)
+        except NoAnswer as e:
             self._metrics.failures.inc()
-            raise _NoAnswer(f"{url}: {e}") from None
-        took = time.perf_counter() - start
-        self._metrics.leaf_seconds.labels(op=request.op).observe(took)
+            raise _NoAnswer(str(e)) from None
+
+    def _answer(self, call: Call, request: LeafRequest, deadline: float, start: float) -> pa.Table | dict[str, Any]:
+        """The answer of a ``call`` sent at ``start`` (``perf_counter``): a table, statistics, or the typed error
+        the node answered; :class:`_NoAnswer` if there is none."""
+        try:
+            response: Answer = call.answer(deadline)
+        except NoAnswer as e:
+            self._metrics.failures.inc()
+            raise _NoAnswer(str(e)) from None
+        self._metrics.leaf_seconds.labels(op=request.op).observe(time.perf_counter() - start)
         if response.status == 200:
-            self._answered.setdefault(url, deque(maxlen=_VERSIONS_KEPT)).append(request.manifest)
-            if response.headers.get("content-type", "").startswith(ARROW_STREAM):
+            self._answered.setdefault(call.url, deque(maxlen=_VERSIONS_KEPT)).append(request.manifest)
+            if response.content_type.startswith(ARROW_STREAM):
                 return from_ipc(response.data)
             answer: dict[str, Any] = json.loads(response.data)
             return answer
         error = error_from_response(response.status, response.data)
         if response.status >= 500 and not isinstance(error, SuperfileMissingError):
             self._metrics.failures.inc()
-            raise _NoAnswer(f"{url}: {error}") from error
+            raise _NoAnswer(f"{call.url}: {error}") from error
         raise error
 
     def _p95(self) -> float | None:
@@ -336,29 +348,36 @@ class Fleet:
             answer = self._ask(url, request, deadline, args_json)
             self._latencies.append(time.perf_counter() - start)
             return answer
-        primary = self._hedges.submit(self._ask, url, request, deadline, args_json)
-        done, _ = wait([primary], timeout=p95)
-        if done:
-            self._latencies.append(time.perf_counter() - start)
-            self._struck(url, lost=False)
-            return primary.result()
-        assert backup is not None
-        self._metrics.hedges.inc()
-        self._latencies.append(p95)
-        # the backup owns none of the share: it reads what the work needs and keeps no copies
-        hedge = replace(request, transient=True)
-        pending: set[Future[Any]] = {primary, self._hedges.submit(self._ask, backup, hedge, deadline, args_json)}
-        failure: BaseException | None = None
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in done:
-                error = f.exception()
-                if error is None:
-                    self._struck(url, lost=f is not primary)
-                    return f.result()
-                failure = error
-                if not isinstance(error, _NoAnswer):
-                    raise error
+        with _Wave() as wave:
+            wave.add(self._send(url, request, deadline, args_json), 0, "owner", request)
+            ready, _ = wave.wait(p95)
+            if ready:
+                self._latencies.append(time.perf_counter() - start)
+                self._struck(url, lost=False)
+                return self._answer(ready[0][0], request, deadline, start)
+            assert backup is not None
+            self._metrics.hedges.inc()
+            self._latencies.append(p95)
+            # the backup owns none of the share: it reads what the work needs and keeps no copies
+            hedge = replace(request, transient=True)
+            failure: _NoAnswer | None = None
+            try:
+                wave.add(self._send(backup, hedge, deadline, args_json), 0, "hedge", hedge)
+            except _NoAnswer as e:
+                failure = e
+            while wave.pending(0):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _NoAnswer(f"{url}: the deadline passed")
+                ready, _ = wave.wait(left)
+                for call, (_, kind, sent) in ready:
+                    try:
+                        answer = self._answer(call, sent, deadline, start)
+                    except _NoAnswer as e:  # a typed error is raised: it is the read's answer
+                        failure = e
+                        continue
+                    self._struck(url, lost=kind == "hedge")
+                    return answer
         assert failure is not None
         raise failure
 
@@ -426,9 +445,10 @@ class Fleet:
     def run(self, snap: Snapshot, paths: Sequence[str], op: str, args: dict[str, Any]) -> list[Any]:
         """``op`` over ``paths`` of ``snap``: one leaf call per owning node, concurrently; their answers.
 
-        The calling thread sends every node's call to the pool at once and waits for them, hedging from here
-        a call still silent after the p95: one thread hand-off per leaf call. A share whose owner rests, or
-        that got no answer, goes through :meth:`_share` / :meth:`_next` (retries, rounds)."""
+        The calling thread writes every node's call (``transport.py``) and waits on them all at once, hedging
+        from here a call still silent after the p95; it reads each answer as it comes. A share whose owner
+        rests, or that got no answer, goes through :meth:`_share` / :meth:`_next` (retries, rounds) on the
+        pool, and its end wakes this thread too."""
         if not paths:
             return []
         deadline = time.monotonic() + self.deadline_s
@@ -438,75 +458,85 @@ class Fleet:
         self._metrics.width.observe(len(groups))
         args_json = json.dumps(args)  # once for every share (a query vector is most of it)
         p95 = self._p95()
-        if len(groups) == 1 and p95 is None:  # nothing to wait for but the one call: in this thread
-            url, share = groups[0]
-            return self._share(snap, url, share, op, args, frozenset({url}), deadline, 0, args_json)
         live = self._live()
         start = time.perf_counter()
         answers: list[list[Any] | None] = [None] * len(groups)
-        calls: dict[Future[Any], tuple[int, str]] = {}  # a call in flight -> (its group, "owner"|"hedge"|"share")
-        pending: set[Future[Any]] = set()
-
-        def send(call: Future[Any], group: int, kind: str) -> None:
-            calls[call] = (group, kind)
-            pending.add(call)
-
         backups: list[str | None] = []
         hedged = [False] * len(groups)
-        for i, (url, share) in enumerate(groups):
-            others = [u for u in live if u != url]
-            backup = rank(share[0], others)[0] if others else None
-            backups.append(backup)
-            if backup is not None and self._resting(url) and not self._resting(backup):
-                hedged[i] = True  # _share sends it to the backup first
-                send(self._calls.submit(self._share, snap, url, share, op, args, frozenset({url}), deadline,
-                                        0, args_json), i, "share")  # fmt: skip
-            else:
-                request = LeafRequest(snap.files.name, snap.path, tuple(share), op, args)
-                send(self._hedges.submit(self._ask, url, request, deadline, args_json), i, "owner")
-        after = [self._hedge_after(url, snap.path, p95) for url, _ in groups]  # when each group is hedged
-        while any(a is None for a in answers):  # a hedged pair's loser is left running (its pool's thread)
-            # (a group without a backup has nothing to hedge to: waking for it would only spin)
-            due = [
-                a for i, a in enumerate(after) if a is not None and backups[i] and not hedged[i] and answers[i] is None
-            ]
-            timeout = max(0.0, start + min(due) - time.perf_counter()) if due else None
-            done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
-            pending -= done
-            for f in done:
-                i, kind = calls[f]
-                if answers[i] is not None:
-                    continue  # the other call of a hedged pair answered first
-                url, share = groups[i]
-                error = f.exception()
-                if error is None:
-                    answers[i] = f.result() if kind == "share" else [f.result()]
-                    if kind != "share" and not hedged[i]:
+        with _Wave() as wave:
+
+            def no_answer(i: int, url: str, error: _NoAnswer) -> None:
+                """Group ``i``'s call to ``url`` got no answer: its share goes on, unless its pair may answer."""
+                if not wave.pending(i):
+                    hedged[i] = True  # no hedge for a share being sent on
+                    wave.add_share(self._calls.submit(self._next, snap, url, groups[i][1], op, args,
+                                                      frozenset({url}), deadline, 0, args_json, error), i)  # fmt: skip
+
+            def send(i: int, kind: str, url: str, request: LeafRequest) -> None:
+                try:
+                    wave.add(self._send(url, request, deadline, args_json), i, kind, request)
+                except _NoAnswer as error:
+                    no_answer(i, url, error)
+
+            for i, (url, share) in enumerate(groups):
+                others = [u for u in live if u != url]
+                backup = rank(share[0], others)[0] if others else None
+                backups.append(backup)
+                if backup is not None and self._resting(url) and not self._resting(backup):
+                    hedged[i] = True  # _share sends it to the backup first
+                    wave.add_share(self._calls.submit(self._share, snap, url, share, op, args, frozenset({url}),
+                                                      deadline, 0, args_json), i)  # fmt: skip
+                else:
+                    send(i, "owner", url, LeafRequest(snap.files.name, snap.path, tuple(share), op, args))
+            after = [self._hedge_after(url, snap.path, p95) for url, _ in groups]  # when each group is hedged
+            while any(a is None for a in answers):
+                # (a group without a backup has nothing to hedge to: waking for it would only spin)
+                waiting = [i for i, a in enumerate(answers) if a is None and not hedged[i] and backups[i]]
+                due = [a for i in waiting if (a := after[i]) is not None]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sum(len(groups[i][1]) for i, a in enumerate(answers) if a is None)
+                    raise CacheNodeUnavailableError(
+                        f"no cache node answered for {missing} superfiles of {snap.files.name!r} in {self.deadline_s} s"
+                    )
+                timeout = min(left, max(0.0, start + min(due) - time.perf_counter())) if due else left
+                ready, shares = wave.wait(timeout)
+                for call, (i, kind, request) in ready:
+                    if answers[i] is not None:
+                        call.abandon()  # the other call of a hedged pair answered first
+                        continue
+                    url = groups[i][0]
+                    try:
+                        answer = self._answer(call, request, deadline, start)
+                    except _NoAnswer as error:
+                        no_answer(i, call.url, error)
+                        continue
+                    answers[i] = [answer]
+                    wave.abandon(i)  # a hedged pair's other call
+                    if not hedged[i]:
                         self._latencies.append(time.perf_counter() - start)
                         if p95 is not None:
                             self._struck(url, lost=False)
-                    elif kind != "share":
+                    else:
                         self._struck(url, lost=kind == "hedge")
-                    continue
-                if kind == "share" or not isinstance(error, _NoAnswer):
-                    raise error  # a typed error is the read's answer; _share raises only final ones
-                if any(calls[other][0] == i for other in pending):
-                    continue  # its hedge partner may still answer
-                hedged[i] = True  # no hedge for a share being sent on
-                send(self._calls.submit(self._next, snap, url, share, op, args, frozenset({url}), deadline,
-                                        0, args_json, error), i, "share")  # fmt: skip
-            if p95 is not None:
-                waited = time.perf_counter() - start
-                for i, (_, share) in enumerate(groups):
-                    backup, due_after = backups[i], after[i]
-                    if hedged[i] or answers[i] is not None or backup is None or due_after is None or waited < due_after:
-                        continue
-                    hedged[i] = True
-                    self._metrics.hedges.inc()
-                    self._latencies.append(p95)
-                    # the backup owns none of the share: it reads what the work needs and keeps no copies
-                    hedge = LeafRequest(snap.files.name, snap.path, tuple(share), op, args, transient=True)
-                    send(self._hedges.submit(self._ask, backup, hedge, deadline, args_json), i, "hedge")
+                for future, i in shares:
+                    if answers[i] is None:
+                        answers[i] = future.result()  # _share and _next raise only final errors: the read's
+                        wave.abandon(i)
+                if p95 is not None:
+                    waited = time.perf_counter() - start
+                    for i, (_, share) in enumerate(groups):
+                        backup, due_after = backups[i], after[i]
+                        if hedged[i] or answers[i] is not None or backup is None or due_after is None:
+                            continue
+                        if waited < due_after:
+                            continue
+                        hedged[i] = True
+                        self._metrics.hedges.inc()
+                        self._latencies.append(p95)
+                        # the backup owns none of the share: it reads what the work needs and keeps no copies
+                        hedge = LeafRequest(snap.files.name, snap.path, tuple(share), op, args, transient=True)
+                        send(i, "hedge", backup, hedge)
         return [answer for group in answers for answer in group or []]
 
     # -- Fanout: scans and counts for SQL and to_arrow --------------------------------------
@@ -535,8 +565,8 @@ class Fleet:
                 continue
             body = {"table": snap.files.name, "superfiles": [[p, sizes[p]] for p in share]}
             try:
-                self._http.request("POST", f"{url}/v1/prefetch", body=json.dumps(body).encode(), timeout=5.0)
-            except urllib3.exceptions.HTTPError as e:
+                self._http.request("POST", url, "/v1/prefetch", json.dumps(body).encode(), 5.0)
+            except NoAnswer as e:
                 log.warning("prefetch on %s failed: %s", url, e)
         return list(sizes)
 
@@ -545,9 +575,9 @@ class Fleet:
 
         def one(url: str) -> dict[str, Any]:
             try:
-                response = self._http.request("GET", f"{url}/v1/stats", timeout=2.0)
+                response = self._http.request("GET", url, "/v1/stats", None, 2.0)
                 return dict(json.loads(response.data)) if response.status == 200 else {}
-            except (urllib3.exceptions.HTTPError, ValueError):
+            except (NoAnswer, ValueError):
                 return {}
 
         urls = [m.url for m in self.members()]
@@ -557,8 +587,80 @@ class Fleet:
         self._stop.set()
         self._calls.shutdown(wait=False, cancel_futures=True)
         self._checks.shutdown(wait=False, cancel_futures=True)
-        self._hedges.shutdown(wait=False, cancel_futures=True)
         self._http.clear()
 
     def __repr__(self) -> str:
         return f"Fleet({self._dns or self._static!r})"
+
+
+class _Wave:
+    """One read's calls in flight, awaited together by its thread: leaf calls (selectable, ``transport.Call``)
+    and shares sent on through the pool (``Fleet._share``, ``Fleet._next``), whose end wakes the selector
+    through a socket pair. Leaving it abandons the calls still in flight (their connections are closed)."""
+
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._calls: dict[Call, tuple[int, str, LeafRequest]] = {}  # -> (group, "owner"|"hedge", request)
+        self._shares: dict[Future[list[Any]], int] = {}  # -> group
+        self._ended: queue.SimpleQueue[Future[list[Any]]] = queue.SimpleQueue()
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+
+    def __enter__(self) -> _Wave:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for call in self._calls:
+            call.abandon()
+        self._selector.close()
+        if self._wake is not None:
+            for end in self._wake:
+                end.close()
+
+    def add(self, call: Call, group: int, kind: str, request: LeafRequest) -> None:
+        self._calls[call] = (group, kind, request)
+        self._selector.register(call, selectors.EVENT_READ)
+
+    def add_share(self, future: Future[list[Any]], group: int) -> None:
+        if self._wake is None:
+            self._wake = socket.socketpair()
+            self._wake[0].setblocking(False)
+            self._selector.register(self._wake[0], selectors.EVENT_READ)
+        self._shares[future] = group
+        future.add_done_callback(self._ended_one)
+
+    def _ended_one(self, future: Future[list[Any]]) -> None:
+        self._ended.put(future)
+        with contextlib.suppress(OSError):  # the read has its answers already
+            assert self._wake is not None
+            self._wake[1].send(b"\0")
+
+    def pending(self, group: int) -> bool:
+        return any(g == group for g, _, _ in self._calls.values()) or group in self._shares.values()
+
+    def abandon(self, group: int) -> None:
+        """Give up on a group's other calls (its answer came)."""
+        for call in [c for c, (g, _, _) in self._calls.items() if g == group]:
+            self._selector.unregister(call)
+            del self._calls[call]
+            call.abandon()
+
+    def wait(
+        self, timeout: float
+    ) -> tuple[list[tuple[Call, tuple[int, str, LeafRequest]]], list[tuple[Future[list[Any]], int]]]:
+        """The calls whose answers started to arrive, and the shares that ended, within ``timeout`` seconds."""
+        ready = []
+        for key, _ in self._selector.select(timeout):
+            if isinstance(key.fileobj, Call):
+                self._selector.unregister(key.fileobj)
+                ready.append((key.fileobj, self._calls.pop(key.fileobj)))
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    key.fileobj.recv(4096)  # type: ignore[union-attr]
+        ended = []
+        while True:
+            try:
+                future = self._ended.get_nowait()
+            except queue.Empty:
+                break
+            ended.append((future, self._shares.pop(future)))
+        return ready, ended
