@@ -187,6 +187,31 @@ def test_a_slow_node_is_hedged_after_the_p95(
     assert _counter("superfile_query_leaf_hedges_total") > hedges
 
 
+def test_hedges_are_held_to_a_budget_when_every_node_turns_slow(
+    root_dir: Path, nodes: list[tuple[Server, FaultyHttpProxy]], root: Any
+) -> None:
+    """When every call turns late at once, hedging them all would double the load (on a busy machine each
+    hedge's transient read makes the others later still): hedges stay within a burst of 10 and 5% of the
+    calls answered, the reads answer as embedded, and the p95 follows the late calls that were waited for."""
+    embedded = superfile.connect(f"file://{root_dir}").open_table("docs")
+    fleet = root.open_table("docs")
+    rng = np.random.default_rng(5)
+    for _ in range(5):  # the p95 needs 20 answers before hedging starts
+        for read in _reads(rng):
+            read(fleet)
+    for _, proxy in nodes:
+        proxy.faults = Faults(delay=1.0, delay_s=0.1, match=_leaf)  # every leaf call, past the 20 ms floor
+    hedges = _counter("superfile_query_leaf_hedges_total")
+    calls = sum(proxy.faults.counts["requests"] for _, proxy in nodes)
+    for _ in range(6):
+        for read in _reads(rng):
+            _same(read(embedded), read(fleet))
+    calls = sum(proxy.faults.counts["requests"] for _, proxy in nodes) - calls
+    hedged = _counter("superfile_query_leaf_hedges_total") - hedges
+    assert calls > 60, calls
+    assert 0 < hedged <= 10 + 0.05 * calls + 1, (hedged, calls)
+
+
 def test_a_first_call_on_a_new_version_is_hedged_only_late(
     root_dir: Path, nodes: list[tuple[Server, FaultyHttpProxy]], root: Any
 ) -> None:

@@ -61,6 +61,11 @@ log = logging.getLogger(__name__)
 
 _HEDGE_MIN_SAMPLES = 20  # leaf latencies seen before hedging starts (a p95 of fewer is noise)
 _HEDGE_FLOOR_S = 0.02  # never hedge a call sooner than this
+# hedges are held to this share of the calls answered, with bursts of up to _HEDGE_BURST ("The Tail at Scale":
+# a few percent of extra load). When many calls turn late at once (on a busy machine, where each hedge's
+# transient read from storage makes the others later still), hedging them all would double the load.
+_HEDGE_RATE = 0.05
+_HEDGE_BURST = 10.0
 _ROUNDS = 3  # a share goes round every node at most this often before the read fails
 _SLOW_STRIKES = 3  # hedges in a row another node wins before a node rests from placement
 _SLOW_REST_S = 10.0  # how long it rests
@@ -152,6 +157,7 @@ class Fleet:
         self._placed: tuple[str, ...] = ()  # the nodes superfiles are placed on: the live and the recently away
         self._latencies: deque[float] = deque(maxlen=512)
         self._p95_cached: tuple[float, float] | None = None  # (when, p95)
+        self._hedge_budget = _HEDGE_BURST  # hedges that may be sent now (_HEDGE_RATE per call answered)
         # shares sent on after a failure (``_next``) or to the next node (``_share``): off the read's thread, which
         # waits on its other calls meanwhile
         self._calls = ThreadPoolExecutor(32, thread_name_prefix="superfile-fanout")
@@ -335,6 +341,23 @@ class Fleet:
             return p95
         return max(p95, _FIRST_HEDGE_S)
 
+    def _answered_in(self, seconds: float) -> None:
+        """A call answered without a hedge: its latency counts toward the p95, and it earns hedge budget."""
+        self._latencies.append(seconds)
+        with self._lock:
+            self._hedge_budget = min(_HEDGE_BURST, self._hedge_budget + _HEDGE_RATE)
+
+    def _hedge_granted(self, p95: float) -> bool:
+        """Whether a call still silent after ``p95`` is hedged now (the budget allows it); a hedged call counts
+        as ``p95`` toward the next p95. A call not hedged is waited for, and counts as what it took."""
+        with self._lock:
+            if self._hedge_budget < 1:
+                return False
+            self._hedge_budget -= 1
+        self._metrics.hedges.inc()
+        self._latencies.append(p95)
+        return True
+
     def _first(
         self, url: str, backup: str | None, request: LeafRequest, deadline: float, args_json: str | None = None
     ) -> Any:
@@ -346,18 +369,20 @@ class Fleet:
         start = time.perf_counter()
         if p95 is None:
             answer = self._ask(url, request, deadline, args_json)
-            self._latencies.append(time.perf_counter() - start)
+            self._answered_in(time.perf_counter() - start)
             return answer
         with _Wave() as wave:
             wave.add(self._send(url, request, deadline, args_json), 0, "owner", request)
             ready, _ = wave.wait(p95)
+            if not ready and not self._hedge_granted(p95):  # no budget: the owner alone, until the deadline
+                ready, _ = wave.wait(max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    raise _NoAnswer(f"{url}: the deadline passed")
             if ready:
-                self._latencies.append(time.perf_counter() - start)
+                self._answered_in(time.perf_counter() - start)
                 self._struck(url, lost=False)
                 return self._answer(ready[0][0], request, deadline, start)
             assert backup is not None
-            self._metrics.hedges.inc()
-            self._latencies.append(p95)
             # the backup owns none of the share: it reads what the work needs and keeps no copies
             hedge = replace(request, transient=True)
             failure: _NoAnswer | None = None
@@ -514,7 +539,7 @@ class Fleet:
                     answers[i] = [answer]
                     wave.abandon(i)  # a hedged pair's other call
                     if not hedged[i]:
-                        self._latencies.append(time.perf_counter() - start)
+                        self._answered_in(time.perf_counter() - start)
                         if p95 is not None:
                             self._struck(url, lost=False)
                     else:
@@ -531,9 +556,10 @@ class Fleet:
                             continue
                         if waited < due_after:
                             continue
+                        if not self._hedge_granted(p95):
+                            after[i] = None  # no budget: this read waits for the owner
+                            continue
                         hedged[i] = True
-                        self._metrics.hedges.inc()
-                        self._latencies.append(p95)
                         # the backup owns none of the share: it reads what the work needs and keeps no copies
                         hedge = LeafRequest(snap.files.name, snap.path, tuple(share), op, args, transient=True)
                         send(i, "hedge", backup, hedge)
