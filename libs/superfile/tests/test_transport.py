@@ -32,6 +32,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["content-length"]))
+        if self.path == "/missing":
+            self.send_response(404)
+            self.send_header("content-length", "7")
+            self.end_headers()
+            self.wfile.write(b"missing")
+            return
+        if self.path == "/chunked":  # an answer in chunks, as a streamed one comes
+            self.send_response(200)
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for chunk in (b"first,", body, b""):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            return
         delay = float(self.path.rpartition("/")[2] or 0)
         time.sleep(delay)
         answer = b"%s|%s|%s" % (self.path.encode(), self.headers.get("authorization", "").encode(), body)
@@ -115,3 +128,15 @@ def test_a_header_cannot_add_lines_to_the_request(server: _Server) -> None:
     with pytest.raises(ValueError, match="line break"):
         pool.send("POST", _url(server), "/x/0", b"", time.monotonic() + 5, {"x-key": "a\r\nx-admin: 1"})
     assert server.connections == 0
+
+
+def test_statuses_and_chunked_answers_are_read_whole(server: _Server) -> None:
+    pool = Connections({})
+    url = _url(server)
+    missing = pool.request("POST", url, "/missing", b"", 5)
+    assert (missing.status, missing.data) == (404, b"missing")
+    chunked = pool.request("POST", url, "/chunked", b"second", 5)
+    assert (chunked.status, chunked.data) == (200, b"first,second")
+    assert chunked.headers["transfer-encoding"] == "chunked"
+    assert pool.request("POST", url, "/x/0", b"after", 5).data.endswith(b"|after")
+    assert server.connections == 1, "every answer was read to its end, so its connection was kept"

@@ -62,8 +62,12 @@ class _Message:
         self.parser = httptools.HttpResponseParser(self)
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []
+        self.status = 0
         self.complete = False
         self.keep_alive = False
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
@@ -73,7 +77,7 @@ class _Message:
 
     def on_message_complete(self) -> None:
         self.complete = True
-        self.keep_alive = self.parser.should_keep_alive()  # only known until the parser resets for the next
+        self.keep_alive = self.parser.should_keep_alive()  # known only until the parser resets for the next
 
 
 class Call:
@@ -109,7 +113,7 @@ class Call:
             self._pool.keep(self.url, self._sock)
         else:
             self._sock.close()
-        return Answer(message.parser.get_status_code(), message.headers, b"".join(message.body))
+        return Answer(message.status, message.headers, b"".join(message.body))
 
     def abandon(self) -> None:
         """Give up on the answer (another node's came first): the connection is closed, not kept."""
