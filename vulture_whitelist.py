@@ -20,6 +20,10 @@ _.onQueryStarted  # pyspark StreamingQueryListener callbacks (superfile_ingest/m
 _.onQueryProgress
 _.onQueryIdle
 _.onQueryTerminated
+_.on_header  # httptools' parser callbacks: one answer's parts (superfile/search/transport.py)
+_.on_headers_complete
+_.on_body
+_.on_message_complete
 
 # Called by Python itself.
 _.__getattr__  # a module's __getattr__ (PEP 562): superfile_gateway imports its names on first use (__init__.py)

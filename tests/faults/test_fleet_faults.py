@@ -165,15 +165,21 @@ def test_a_round_tries_every_node_before_the_next(nodes: list[tuple[Server, Faul
         b.faults = Faults(match=_leaf)
 
 
+def _warmed(root: Any, seed: int) -> tuple[Any, np.random.Generator]:
+    """``docs`` through ``root`` after enough reads for hedging to start (the p95 needs 20 answers)."""
+    fleet = root.open_table("docs")
+    rng = np.random.default_rng(seed)
+    for _ in range(5):
+        for read in _reads(rng):
+            read(fleet)
+    return fleet, rng
+
+
 def test_a_slow_node_is_hedged_after_the_p95(
     root_dir: Path, nodes: list[tuple[Server, FaultyHttpProxy]], root: Any
 ) -> None:
     embedded = superfile.connect(f"file://{root_dir}").open_table("docs")
-    fleet = root.open_table("docs")
-    rng = np.random.default_rng(2)
-    for _ in range(5):  # the p95 needs 20 answers before hedging starts
-        for read in _reads(rng):
-            read(fleet)
+    fleet, rng = _warmed(root, 2)
     slow_s = 3.0
     slow = _busiest(root, nodes)
     slow.faults = Faults(delay=1.0, delay_s=slow_s, match=_leaf)
@@ -192,21 +198,17 @@ def test_hedges_are_held_to_a_budget_when_every_node_turns_slow(
 ) -> None:
     """When every call turns late at once, hedging them all would double the load (on a busy machine each
     hedge's transient read makes the others later still): hedges stay within a burst of 10 and 5% of the
-    calls answered, the reads answer as embedded, and the p95 follows the late calls that were waited for."""
+    calls answered, and the reads answer as embedded."""
     embedded = superfile.connect(f"file://{root_dir}").open_table("docs")
-    fleet = root.open_table("docs")
-    rng = np.random.default_rng(5)
-    for _ in range(5):  # the p95 needs 20 answers before hedging starts
-        for read in _reads(rng):
-            read(fleet)
+    fleet, rng = _warmed(root, 5)
     for _, proxy in nodes:
         proxy.faults = Faults(delay=1.0, delay_s=0.1, match=_leaf)  # every leaf call, past the 20 ms floor
     hedges = _counter("superfile_query_leaf_hedges_total")
-    calls = sum(proxy.faults.counts["requests"] for _, proxy in nodes)
+    before = sum(proxy.faults.counts["requests"] for _, proxy in nodes)
     for _ in range(6):
         for read in _reads(rng):
             _same(read(embedded), read(fleet))
-    calls = sum(proxy.faults.counts["requests"] for _, proxy in nodes) - calls
+    calls = sum(proxy.faults.counts["requests"] for _, proxy in nodes) - before
     hedged = _counter("superfile_query_leaf_hedges_total") - hedges
     assert calls > 60, calls
     assert 0 < hedged <= 10 + 0.05 * calls + 1, (hedged, calls)
@@ -218,11 +220,7 @@ def test_a_first_call_on_a_new_version_is_hedged_only_late(
     """A node's first call on a version it has not answered opens it (a commit's manifest, its new superfiles),
     so it is hedged only past 1 s, not at the p95: after a commit most calls would be sent twice. Its next call
     on that version is hedged at the p95 again."""
-    fleet = root.open_table("docs")
-    rng = np.random.default_rng(4)
-    for _ in range(5):  # the p95 needs 20 answers before hedging starts
-        for read in _reads(rng):
-            read(fleet)
+    fleet, rng = _warmed(root, 4)
     writer = superfile.connect(f"file://{root_dir}").open_table("docs")
     writer.append(
         [{"key": 100_000 + k, "title": "shock plate", "emb": rng.normal(size=DIM).tolist()} for k in range(5)]

@@ -216,6 +216,12 @@ class Fleet:
             for url in before.keys() | health.keys():
                 if health.get(url):
                     self._away.pop(url, None)
+                    if not before.get(
+                        url
+                    ):  # back (a restarted process, maybe): nothing opened, nothing held against it
+                        self._answered.pop(url, None)
+                        self._strikes.pop(url, None)
+                        self._slow_until.pop(url, None)
                 else:
                     self._away.setdefault(url, now)
             for url in [u for u, since in self._away.items() if u not in health and now - since > self.move_after_s]:
