@@ -519,11 +519,18 @@ class Fleet:
                                                       deadline, 0, args_json), i)  # fmt: skip
                 else:
                     send(i, "owner", url, LeafRequest(snap.files.name, snap.path, tuple(share), op, args))
-            after = [self._hedge_after(url, snap.path, p95) for url, _ in groups]  # when each group is hedged
+            # when each group is hedged; never without a backup (waking for it would only spin)
+            after = [
+                self._hedge_after(url, snap.path, p95) if b else None
+                for (url, _), b in zip(groups, backups, strict=True)
+            ]
+
+            def unhedged() -> dict[int, float]:
+                """The groups still waiting on their owner alone that may be hedged, and when."""
+                return {i: a for i, a in enumerate(after) if a is not None and answers[i] is None and not hedged[i]}
+
             while any(a is None for a in answers):
-                # (a group without a backup has nothing to hedge to: waking for it would only spin)
-                waiting = [i for i, a in enumerate(answers) if a is None and not hedged[i] and backups[i]]
-                due = [a for i in waiting if (a := after[i]) is not None]
+                due = unhedged().values()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = sum(len(groups[i][1]) for i, a in enumerate(answers) if a is None)
@@ -556,18 +563,17 @@ class Fleet:
                         wave.abandon(i)
                 if p95 is not None:
                     waited = time.perf_counter() - start
-                    for i, (_, share) in enumerate(groups):
-                        backup, due_after = backups[i], after[i]
-                        if hedged[i] or answers[i] is not None or backup is None or due_after is None:
-                            continue
+                    for i, due_after in unhedged().items():
                         if waited < due_after:
                             continue
                         if not self._hedge_granted(p95):
                             after[i] = None  # no budget: this read waits for the owner
                             continue
                         hedged[i] = True
+                        backup = backups[i]
+                        assert backup is not None  # (after[i] is None without one)
                         # the backup owns none of the share: it reads what the work needs and keeps no copies
-                        hedge = LeafRequest(snap.files.name, snap.path, tuple(share), op, args, transient=True)
+                        hedge = LeafRequest(snap.files.name, snap.path, tuple(groups[i][1]), op, args, transient=True)
                         send(i, "hedge", backup, hedge)
         return [answer for group in answers for answer in group or []]
 
