@@ -74,7 +74,7 @@ class SuperfileReader:
         self.name = name
         self._buf = buf
         self._handles = handles  # file descriptors and mappings ``buf`` keeps open
-        self._extracted = (0, 0)  # bytes and files of the full-text indexes opened (tantivy maps each file)
+        self._extracted_files = 0  # files of the full-text indexes opened (tantivy maps each one)
         # called with the reader when it opens an index, so that its cache weighs it again
         self.on_grow: Callable[[SuperfileReader], None] | None = None
         self._ensure = ensure  # makes a byte range of ``buf`` present before it is read (a copy still arriving)
@@ -186,13 +186,15 @@ class SuperfileReader:
         )
 
     def held(self) -> tuple[int, int]:
-        """What this reader holds open: (bytes, file handles). Bytes: the file's buffer (mapped or read), the
-        full-text indexes extracted and mapped by tantivy, and an estimate of the parsed metadata; handles:
-        file descriptors plus mappings (each counts against ``ulimit -n`` or ``vm.max_map_count``). Vector and
-        scalar indexes are views of the buffer: nothing more."""
-        extracted_bytes, extracted_files = self._extracted
+        """What this reader holds open: (bytes, file handles). Bytes: its buffer when that is a copy in memory,
+        and an estimate of the parsed metadata. A mapped buffer (one that keeps a handle) and the full-text
+        files tantivy maps are not charged bytes: their pages are the kernel's page cache, shared and
+        reclaimable, and charging them evicted live readers, to be mapped and checked again by the next query,
+        once a table outgrew the budget (docs/storage.md). Handles: file descriptors plus mappings (each counts
+        against ``ulimit -n`` or ``vm.max_map_count``). Vector and scalar indexes are views of the buffer."""
         overhead = READER_OVERHEAD + FOOTER_FACTOR * self.sections["footer"].length
-        return len(self._buf) + extracted_bytes + overhead, self._handles + extracted_files
+        in_memory = 0 if self._handles else len(self._buf)
+        return in_memory + overhead, self._handles + self._extracted_files
 
     def blob(self, section: str) -> memoryview:
         """Zero-copy view of one section's bytes."""
@@ -314,8 +316,7 @@ class SuperfileReader:
                 tokenizer = str(self._info[column]["tokenizer"])
                 index = FullTextIndex.from_blob(self.blob(section.name), path, tokenizer, source=self.name)
                 self._fulltext[column] = index
-                sizes = [e.stat().st_size for e in os.scandir(path) if e.is_file()]
-                self._extracted = (self._extracted[0] + sum(sizes), self._extracted[1] + len(sizes))
+                self._extracted_files += sum(1 for e in os.scandir(path) if e.is_file())
                 grew = self.on_grow
             else:
                 grew = None

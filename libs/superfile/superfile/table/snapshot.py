@@ -128,13 +128,6 @@ def set_open_budget(open_bytes: int, open_files: int) -> None:
     open_readers().set_limits((open_bytes, open_files))
 
 
-def _estimate(entry: SuperfileEntry) -> tuple[int, int]:
-    """What opening ``entry`` will hold (``SuperfileReader.held``), from the manifest alone, before its indexes
-    are opened: the footer taken as half a small file's size, at most 64 KiB."""
-    footer = min(entry.size // 2, 64 * 1024)
-    return entry.size + READER_OVERHEAD + FOOTER_FACTOR * footer, int(entry.size > READ_WHOLE_BYTES)
-
-
 _owners = itertools.count()
 # Tables whose files object was collected: their readers are dropped at the next open of a cold superfile (not in
 # the finalizer, which the collector may run while this thread holds the cache's lock)
@@ -382,6 +375,18 @@ class TableFiles:
     def is_open(self, entry: SuperfileEntry) -> bool:
         return (self._owner, entry.path) in self._readers
 
+    def _estimate(self, entry: SuperfileEntry) -> tuple[int, int]:
+        """What opening ``entry`` will hold (``SuperfileReader.held``), from the manifest alone, before its
+        indexes are opened: a local file past ``READ_WHOLE_BYTES`` or a disk-cache copy is mapped (a handle, and
+        no bytes but its metadata's), anything else read into memory; the footer taken as half a small file's
+        size, at most 64 KiB."""
+        footer = min(entry.size // 2, 64 * 1024)
+        if self.disk_cache is not None and self.storage.local_path(entry.path) is None:
+            mapped = 2
+        else:
+            mapped = int(entry.size > READ_WHOLE_BYTES and self.storage.local_path(entry.path) is not None)
+        return (0 if mapped else entry.size) + READER_OVERHEAD + FOOTER_FACTOR * footer, mapped
+
     def batches(self, entries: Sequence[SuperfileEntry]) -> list[Sequence[SuperfileEntry]]:
         """``entries`` in runs whose readers (estimated from the manifest) fit half of each budget: what one
         pass can open and use before the budget evicts them (a run holds one entry at least)."""
@@ -389,7 +394,7 @@ class TableFiles:
         runs: list[Sequence[SuperfileEntry]] = []
         start, used = 0, [0] * len(limits)
         for i, entry in enumerate(entries):
-            weight = _estimate(entry)
+            weight = self._estimate(entry)
             if i > start and any(u + w > lim for u, w, lim in zip(used, weight, limits, strict=True)):
                 runs.append(entries[start:i])
                 start, used = i, [0] * len(limits)
