@@ -1,6 +1,7 @@
 """The open-superfile budget charges what a reader holds in memory (docs/storage.md, "Open superfiles"): a
 mapped superfile costs a handle and its metadata, not its size, so a table larger than the bytes budget is
-searched without reopening its superfiles; copies read into memory are charged whole and still evicted."""
+searched without reopening its superfiles; copies read into memory are charged whole and still evicted. A
+warm (``Searcher.warm``) opens what the first searches would, unless the budget cannot keep it open."""
 
 from __future__ import annotations
 
@@ -112,3 +113,36 @@ def test_copies_in_memory_are_charged_whole(opens: list[str], budget_of_one_supe
     assert [a.sort_by("key") for a in again] == [f.sort_by("key") for f in first]
     assert len(opens) >= SUPERFILES - 1  # evicted by bytes, opened again
     assert open_readers().totals()[0] <= 400_000 + max(e.size for e in table._snapshot.entries()) + 100_000
+
+
+def test_warm_opens_what_the_first_searches_would(tmp_path: Path, opens: list[str]) -> None:
+    """``Searcher.warm`` opens every superfile of the snapshot and the indexes its searches use: the searches
+    after it open nothing, and answer as a table searched cold."""
+    from superfile.table.search import Searcher
+
+    table = _table(f"file://{tmp_path}/db")
+    cold = _searches(superfile.connect(f"file://{tmp_path}/db").open_table("t"))
+    opens.clear()
+    warm = superfile.connect(f"file://{tmp_path}/db").open_table("t")
+    Searcher(warm._snapshot).warm()
+    assert len(opens) == SUPERFILES
+    opens.clear()
+    assert [a.sort_by("key") for a in _searches(warm)] == [c.sort_by("key") for c in cold]
+    assert opens == []
+    assert table.count_rows() == SUPERFILES * ROWS
+
+
+def test_warm_leaves_a_snapshot_that_does_not_stay_open(tmp_path: Path, opens: list[str]) -> None:
+    """With room for fewer readers than the snapshot has superfiles, a warm would evict what it opened: it
+    opens nothing."""
+    from superfile.table.search import Searcher
+
+    table = _table(f"file://{tmp_path}/db")
+    saved = open_readers().limits
+    set_open_budget(saved[0], 3)  # three handles: fewer than the four superfiles' mappings
+    try:
+        opens.clear()
+        Searcher(table._snapshot).warm()
+        assert opens == []
+    finally:
+        set_open_budget(*saved)

@@ -72,6 +72,7 @@ from superfile_gateway.models import (
 )
 from superfile_gateway.settings import Settings
 from superfile_gateway.sql_workers import SqlWorkers
+from superfile_gateway.warm import WarmOnCommit
 from superfile_gateway.writes import EmbeddedWrites, LogWrites, WritePath, WriteResult, wait_visible
 
 __all__ = ["LATEST", "At", "Gateway", "encode", "parse_as_of"]
@@ -170,6 +171,11 @@ class Gateway:
             if settings.query_url
             else None
         )
+        # a gateway reading through the engine itself warms each new version of the tables it reads
+        serving = not (settings.query_url or settings.cache_nodes or settings.cache_dns)
+        self.warmer = (
+            WarmOnCommit(self.tables_read, settings.warm_interval_s) if serving and settings.warm_interval_s else None
+        )
         self._internal = hashlib.sha256((settings.internal_token or "").encode()).digest()
         self._readiness = ThreadPoolExecutor(1, thread_name_prefix="superfile-readyz")  # never behind queries
         self._ready_check: asyncio.Future[tuple[bool, str]] | None = None
@@ -202,6 +208,11 @@ class Gateway:
         with self._lock:
             pinned = self._pinned.setdefault(key, pinned)  # the least recently used goes past the capacity
         return pinned
+
+    def tables_read(self) -> list[Supertable]:
+        """The open handles on the latest version of the tables this process has read (what it warms)."""
+        with self._lock:
+            return list(self._tables.values())
 
     def forget(self, name: str, *, pinned_only: bool = False) -> None:
         """Drop cached handles of ``name`` (only those on past versions with ``pinned_only``: after a cleanup
@@ -438,6 +449,8 @@ class Gateway:
             self.query_seconds.labels(kind=kind).observe(time.perf_counter() - start)
 
     def close(self) -> None:
+        if self.warmer is not None:
+            self.warmer.close()
         if self.query_service is not None:
             self.query_service.close()
         self.db.close()

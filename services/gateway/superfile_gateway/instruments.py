@@ -30,6 +30,7 @@ __all__ = [
     "SQL_LIMITED",
     "SQL_RESTARTS",
     "SQL_TIMEOUTS",
+    "WARM_SECONDS",
     "WRITE_OPS",
     "WRITE_SECONDS",
     "observe_admission",
@@ -47,6 +48,9 @@ WRITE_SECONDS = seconds_histogram(
     "superfile_gateway_write_duration_seconds",
     "Write latency by operation (suite mode: until acknowledged)",
     ["op", "mode"],
+)
+WARM_SECONDS = seconds_histogram(
+    "superfile_gateway_warm_duration_seconds", "Time to warm a new version of a table before searches need it"
 )
 REQUESTS = Counter("superfile_gateway_requests", "HTTP requests by status", ["method", "route", "status"])
 ERRORS = Counter("superfile_gateway_errors", "Error responses by error type", ["type"])

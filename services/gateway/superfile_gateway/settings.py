@@ -98,6 +98,9 @@ class Settings:
     compact_small_files: int = 16  # compact a partition holding more small superfiles than this (0: never)
     cleanup_interval_s: float = 3600.0  # clean up each table that commits at most this often (0: never)
     retention_s: float = 7 * 86400.0  # versions (and unreferenced files) younger than this stay
+    # warm on commit (docs/gateway.md): how often the tables this process reads are checked for a new version,
+    # whose superfiles and indexes are then opened before a search needs them (0: never)
+    warm_interval_s: float = 1.0
     # the distributed read path (docs/query.md): a gateway with ``query_url`` sends every read to the query
     # service; a query service (``superfile-query serve``) runs reads on ``cache_nodes`` or ``cache_dns``. All
     # three authenticate each other with ``internal_token``.
@@ -154,6 +157,8 @@ class Settings:
                 f"retention_s ({self.retention_s:g}) is below cleanup_min_age_s ({self.cleanup_min_age_s:g}): "
                 "automatic cleanup could delete the files of commits in flight"
             )
+        if not self.warm_interval_s >= 0:
+            raise ConfigError(f"warm_interval_s must be non-negative, got {self.warm_interval_s}")
         if not self.sql_timeout_s > 0 or not self.drain_s >= 0:
             raise ConfigError(
                 f"sql_timeout_s must be positive and drain_s non-negative, got {self.sql_timeout_s} and {self.drain_s}"
@@ -172,8 +177,8 @@ class Settings:
         ``SUPERFILE_SQL_WORKERS``, ``SUPERFILE_SQL_TIMEOUT_S``, ``SUPERFILE_SQL_MEMORY_BYTES``,
         ``SUPERFILE_SQL_MAX_CONCURRENT``, ``SUPERFILE_SEARCH_MAX_CONCURRENT``, ``SUPERFILE_MAX_CONCURRENT_PER_KEY``,
         ``SUPERFILE_MAX_RESULT_ROWS``, ``SUPERFILE_DRAIN_S``; maintenance: ``SUPERFILE_MAINTENANCE``,
-        ``SUPERFILE_COMPACT_SMALL_FILES``, ``SUPERFILE_CLEANUP_INTERVAL_S``, ``SUPERFILE_RETENTION_S``; the read
-        path: ``SUPERFILE_QUERY_URL``, ``SUPERFILE_INTERNAL_TOKEN``."""
+        ``SUPERFILE_COMPACT_SMALL_FILES``, ``SUPERFILE_CLEANUP_INTERVAL_S``, ``SUPERFILE_RETENTION_S``;
+        ``SUPERFILE_WARM_INTERVAL_S``; the read path: ``SUPERFILE_QUERY_URL``, ``SUPERFILE_INTERNAL_TOKEN``."""
         e = os.environ if env is None else env
         try:
             return cls(
@@ -202,6 +207,7 @@ class Settings:
                 compact_small_files=int(e.get("SUPERFILE_COMPACT_SMALL_FILES", 16)),
                 cleanup_interval_s=float(e.get("SUPERFILE_CLEANUP_INTERVAL_S", 3600.0)),
                 retention_s=float(e.get("SUPERFILE_RETENTION_S", 7 * 86400.0)),
+                warm_interval_s=float(e.get("SUPERFILE_WARM_INTERVAL_S", 1.0)),
                 query_url=e.get("SUPERFILE_QUERY_URL") or None,
                 internal_token=e.get("SUPERFILE_INTERNAL_TOKEN") or None,
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -39,6 +40,46 @@ def test_gateway_over_s3(s3_uri: str, tmp_path: Path) -> None:
         assert metrics["superfile_gateway_cache_budget_bytes"] >= 1 << 30
 
 
+def _metrics(url: str, prefix: str) -> dict[str, float]:
+    return {
+        line.split("{")[0].split(" ")[0]: float(line.split(" ")[-1])
+        for line in httpx.get(f"{url}/metrics").text.splitlines()
+        if line.startswith(prefix)
+    }
+
+
+def test_a_new_version_is_warmed_before_it_is_searched(s3_uri: str, tmp_path: Path) -> None:
+    """A commit the gateway did not make (another writer's) is warmed in the background: its superfile is
+    downloaded and opened before the next search, which then downloads nothing and answers as in-process."""
+    env = {"SUPERFILE_STORAGE": s3_uri, "SUPERFILE_API_KEYS": "s3-key:*:rw", "SUPERFILE_CACHE_DIR": str(tmp_path)}
+    settings = Settings.from_env(env | {"SUPERFILE_WARM_INTERVAL_S": "0.1"})
+    assert settings.warm_interval_s == 0.1
+    writer = superfile.connect(s3_uri, cache_budget_bytes=0)
+    table = writer.create_table("docs", SCHEMA, fts_columns=["title"], vector_columns={"emb": 4})
+    table.append(rows(range(30)))
+    with BackgroundServer(settings) as srv, superfile.connect(srv.url, api_key="s3-key") as db:
+        remote = db.open_table("docs")
+        assert remote.count_rows() == 30  # the gateway reads the table from now on
+        warmed = _metrics(srv.url, "superfile_gateway_warm_duration_seconds_count")
+        version = table.append(rows(range(30, 60)))
+        deadline = time.monotonic() + 30
+        copies = tmp_path / "superfiles"
+        while True:  # the new version warmed: every superfile of it has its copy in the gateway's cache
+            whole = [p for p in copies.iterdir() if not p.name.endswith(".part")] if copies.exists() else []
+            now = _metrics(srv.url, "superfile_gateway_warm_duration_seconds_count")
+            if len(whole) >= len(table._snapshot.entries()) and now != warmed:
+                break
+            assert time.monotonic() < deadline, f"version {version} not warmed within 30 s"
+            time.sleep(0.05)
+        fetched = _metrics(srv.url, "superfile_gateway_cache_fetches_total")["superfile_gateway_cache_fetches_total"]
+        got = remote.bm25_search("title", "document 42 flow", k=5, projection=["key"])
+        assert got.equals(table.bm25_search("title", "document 42 flow", k=5, projection=["key"]))
+        near = remote.vector_search("emb", [1.0, 0.0, 0.0, 0.0], k=5, projection=["key"])
+        assert near.equals(table.vector_search("emb", [1.0, 0.0, 0.0, 0.0], k=5, projection=["key"]))
+        after = _metrics(srv.url, "superfile_gateway_cache_fetches_total")["superfile_gateway_cache_fetches_total"]
+        assert after == fetched  # nothing downloaded on the search path
+
+
 def test_gateway_cache_settings_are_checked() -> None:
     base = {"SUPERFILE_STORAGE": "memory://x", "SUPERFILE_NO_AUTH": "1"}
     assert Settings.from_env(base | {"SUPERFILE_CACHE_MEMORY_BYTES": "1024"}).cache_memory_bytes == 1024
@@ -46,6 +87,7 @@ def test_gateway_cache_settings_are_checked() -> None:
         {"SUPERFILE_CACHE_BUDGET_BYTES": "-1"},
         {"SUPERFILE_CACHE_MEMORY_BYTES": "0"},
         {"SUPERFILE_CACHE_BUDGET_BYTES": "x"},
+        {"SUPERFILE_WARM_INTERVAL_S": "-1"},
     ):
         with pytest.raises(ConfigError):
             Settings.from_env(base | bad)

@@ -256,6 +256,32 @@ class Searcher:
         with searching() as self.spread:
             return self._search(request)
 
+    def warm(self) -> None:
+        """Do now what the first searches of this snapshot would wait for: open each superfile (its download
+        into the disk cache and its checks), its full-text and vector indexes, and the unions over them. A
+        serving process calls it when a new version appears (the gateway's warm on commit, docs/gateway.md),
+        so that a search right after a commit finds them ready; what an earlier version opened is reused. A
+        snapshot whose superfiles do not all stay open together (``TableFiles.batches``) is left alone: warming
+        it would evict what it opened."""
+        entries = self.snap.entries()
+        if len(self.snap.files.batches(entries)) > 1:
+            return
+
+        def prepare(entry: SuperfileEntry) -> None:
+            file = self.snap.open(entry)
+            for column in self.options.fts_columns:
+                if file.has_text_index(column):
+                    file.fulltext(column)
+            for column in self.options.vector_columns:
+                if file.has_vector_index(column):
+                    file.vector_index(column)
+
+        self.snap.each(prepare, entries)
+        for column in self.options.fts_columns:
+            self._union(column)
+        for column in self.options.vector_columns:
+            self._vector_union(column)
+
     def _search(self, request: SearchRequest) -> pa.Table:
         match request:
             case Bm25Search():
