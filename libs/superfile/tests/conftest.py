@@ -1,4 +1,5 @@
-"""Shared fixtures: one moto S3 server per session, fresh buckets, and a URI per backend.
+"""Shared fixtures: one moto S3 server per session, fresh buckets, a URI per backend, and a count of the
+superfile readers a test opens.
 
 ``storage_uri`` is the fixture most tests want: it runs a test once per
 backend (memory, file, s3) with a fresh, empty location each time. The S3
@@ -12,6 +13,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -57,3 +59,20 @@ def storage_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     endpoint = request.getfixturevalue("s3_endpoint")
     bucket = request.getfixturevalue("s3_bucket")
     return f"s3://{bucket}/{uuid.uuid4().hex[:8]}?endpoint_url={quote(endpoint, safe='')}"
+
+
+@pytest.fixture
+def opened_readers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of every superfile reader opened from here on (``SuperfileReader.open`` counted)."""
+    from superfile.format.reader import SuperfileReader
+
+    seen: list[str] = []
+    original = SuperfileReader.open.__func__
+
+    def counted(cls: type[SuperfileReader], *args: Any, **kwargs: Any) -> SuperfileReader:
+        seen.append(str(kwargs.get("name")))
+        reader: SuperfileReader = original(cls, *args, **kwargs)
+        return reader
+
+    monkeypatch.setattr(SuperfileReader, "open", classmethod(counted))
+    return seen

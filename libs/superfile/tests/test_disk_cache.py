@@ -385,29 +385,20 @@ def test_a_copy_reopened_past_the_open_budget_is_not_checked_whole_again(
 
 
 def test_mapped_copies_past_the_bytes_budget_stay_open(
-    s3_endpoint: str, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_endpoint: str, s3_bucket: str, tmp_path: Path, opened_readers: list[str]
 ) -> None:
     """A disk-cache copy is mapped: its reader is charged a handle and its metadata, not its size, so a bytes
     budget below half the table's size keeps all four superfiles open across reads."""
-    from superfile.format.reader import SuperfileReader
     from superfile.table.snapshot import open_readers, set_open_budget
 
     uri = _s3_uri(s3_endpoint, s3_bucket)
     rng = np.random.default_rng(5)
     writer = superfile.connect(uri, cache_budget_bytes=0).create_table("t", schema=_rows(0, 1).schema)
-    for start in range(0, 20_000, 5_000):  # superfiles of ~100 KB of random words: mapped, and past their footers
+    for start in range(0, 20_000, 5_000):  # superfiles of ~0.5 MB of random words: mapped, and past their footers
         words = rng.integers(0, 1 << 30, (5_000, 4)).astype(str)
         writer.append(
             pa.table({"id": pa.array(range(start, start + 5_000), pa.int64()), "text": [" ".join(w) for w in words]})
         )
-    opened: list[str] = []
-    original = SuperfileReader.open.__func__  # type: ignore[attr-defined]
-
-    def counted(cls: type[SuperfileReader], *args: object, **kwargs: object) -> SuperfileReader:
-        opened.append(str(kwargs.get("name")))
-        reader: SuperfileReader = original(cls, *args, **kwargs)
-        return reader
-
     limits = open_readers().limits
     table = superfile.connect(uri, cache_dir=str(tmp_path)).open_table("t")
     entries = table._snapshot.entries()
@@ -415,12 +406,12 @@ def test_mapped_copies_past_the_bytes_budget_stay_open(
     assert len(entries) == 4 and held < sum(e.size for e in entries) / 2
     expected = table.to_arrow(["id", "text"]).sort_by("id")
     table.files._readers.discard(lambda key: False)  # closed again: the reads below open them
-    monkeypatch.setattr(SuperfileReader, "open", classmethod(counted))
+    opened_readers.clear()
     set_open_budget(held + 1024, limits[1])  # room for all four as charged; not for their sizes
     try:
         for _ in range(3):
             assert table.to_arrow(["id", "text"]).sort_by("id") == expected
             assert table.count_rows("id % 1000 = 7") == 20
-        assert len(opened) == len(set(opened)) == 4  # each opened once
+        assert len(opened_readers) == len(set(opened_readers)) == 4  # each opened once
     finally:
         set_open_budget(*limits)

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
 import superfile
-from superfile.format.reader import SuperfileReader
 from superfile.table import Supertable
 from superfile.table import evolve as evolve_module
 from superfile.table.snapshot import open_readers, set_open_budget
@@ -30,18 +28,8 @@ def no_background(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of every superfile reader opened from here on."""
-    seen: list[str] = []
-    original = SuperfileReader.open.__func__  # type: ignore[attr-defined]
-
-    def counted(cls: type[SuperfileReader], *args: Any, **kwargs: Any) -> SuperfileReader:
-        seen.append(str(kwargs.get("name")))
-        reader: SuperfileReader = original(cls, *args, **kwargs)
-        return reader
-
-    monkeypatch.setattr(SuperfileReader, "open", classmethod(counted))
-    return seen
+def opens(opened_readers: list[str]) -> list[str]:
+    return opened_readers
 
 
 @pytest.fixture
@@ -58,7 +46,9 @@ def budget_of_one_superfile() -> Iterator[None]:
 def _table(uri: str) -> Supertable:
     rng = np.random.default_rng(3)
     db = superfile.connect(uri)
-    schema = pa.schema([("key", pa.int64()), ("title", pa.string()), ("vec", pa.list_(pa.float32(), DIM))])
+    schema = pa.schema(
+        [pa.field("key", pa.int64()), pa.field("title", pa.string()), pa.field("vec", pa.list_(pa.float32(), DIM))]
+    )
     table = db.create_table("t", schema=schema, fts_columns=["title"], vector_columns={"vec": {"dim": DIM}})
     for part in range(SUPERFILES):
         keys = np.arange(part * ROWS, (part + 1) * ROWS)
