@@ -78,6 +78,7 @@ from superfile_gateway.writes import EmbeddedWrites, LogWrites, WritePath, Write
 __all__ = ["LATEST", "At", "Gateway", "encode", "parse_as_of"]
 
 _PINNED_HANDLES = 64  # read-only handles on past versions kept open
+_WARM_IDLE_S = 600.0  # a table this gateway has not used for this long is no longer warmed on commit
 _READY_TIMEOUT_S = 5.0  # readiness answers 503 when storage takes longer than this to list tables
 _EPOCH_MS = re.compile(r"-?\d+")
 
@@ -143,6 +144,7 @@ class Gateway:
             )
         self.writes = writes
         self._tables: dict[str, Supertable] = {}
+        self._used: dict[str, float] = {}  # when each table was last asked for (monotonic seconds)
         self._pinned: LRUCache[tuple[str, int], Supertable] = LRUCache(maxsize=_PINNED_HANDLES)
         self._lock = threading.Lock()
         self.inflight = InFlight()
@@ -174,7 +176,7 @@ class Gateway:
         # a gateway reading through the engine itself warms each new version of the tables it reads
         serving = not (settings.query_url or settings.cache_nodes or settings.cache_dns)
         self.warmer = (
-            WarmOnCommit(self.tables_read, settings.warm_interval_s) if serving and settings.warm_interval_s else None
+            WarmOnCommit(self.tables_in_use, settings.warm_interval_s) if serving and settings.warm_interval_s else None
         )
         self._internal = hashlib.sha256((settings.internal_token or "").encode()).digest()
         self._readiness = ThreadPoolExecutor(1, thread_name_prefix="superfile-readyz")  # never behind queries
@@ -184,6 +186,7 @@ class Gateway:
     def table(self, name: str, at: At = LATEST) -> Supertable:
         """The open handle on ``name`` (opened once), or a read-only handle on one of its past versions
         (``as_of`` is resolved to the version current then; handles are cached by version)."""
+        self._used[name] = time.monotonic()
         table = self._tables.get(name)
         if table is None:
             opened = self.db.open_table(name)
@@ -209,10 +212,12 @@ class Gateway:
             pinned = self._pinned.setdefault(key, pinned)  # the least recently used goes past the capacity
         return pinned
 
-    def tables_read(self) -> list[Supertable]:
-        """The open handles on the latest version of the tables this process has read (what it warms)."""
+    def tables_in_use(self) -> list[Supertable]:
+        """The open handles on the latest version of the tables this process used in the last ten minutes
+        (what it warms on commit)."""
+        horizon = time.monotonic() - _WARM_IDLE_S
         with self._lock:
-            return list(self._tables.values())
+            return [t for name, t in self._tables.items() if self._used.get(name, 0.0) >= horizon]
 
     def forget(self, name: str, *, pinned_only: bool = False) -> None:
         """Drop cached handles of ``name`` (only those on past versions with ``pinned_only``: after a cleanup

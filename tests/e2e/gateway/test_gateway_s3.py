@@ -80,6 +80,33 @@ def test_a_new_version_is_warmed_before_it_is_searched(s3_uri: str, tmp_path: Pa
         assert after == fetched  # nothing downloaded on the search path
 
 
+def test_only_tables_used_lately_are_warmed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warmer follows the tables the gateway used in the last ten minutes; one left idle longer drops out
+    until it is used again. A gateway forwarding its reads to a query service has no warmer."""
+    from superfile_gateway import gateway as gateway_module
+
+    storage = f"file://{tmp_path}/db"
+    superfile.connect(storage).create_table("docs", SCHEMA, fts_columns=["title"]).append(rows(range(5)))
+    gw = gateway_module.Gateway(Settings(storage=storage, auth=False))
+    try:
+        assert gw.warmer is not None and gw.tables_in_use() == []
+        gw.table("docs")
+        assert [t.name for t in gw.tables_in_use()] == ["docs"]
+        monkeypatch.setattr(gateway_module, "_WARM_IDLE_S", 0.5)
+        time.sleep(0.6)
+        assert gw.tables_in_use() == []
+        gw.table("docs")
+        assert [t.name for t in gw.tables_in_use()] == ["docs"]
+    finally:
+        gw.close()
+    forwarding = Settings(storage=storage, auth=False, query_url="http://127.0.0.1:9", internal_token="t")
+    gw = gateway_module.Gateway(forwarding)
+    try:
+        assert gw.warmer is None
+    finally:
+        gw.close()
+
+
 def test_gateway_cache_settings_are_checked() -> None:
     base = {"SUPERFILE_STORAGE": "memory://x", "SUPERFILE_NO_AUTH": "1"}
     assert Settings.from_env(base | {"SUPERFILE_CACHE_MEMORY_BYTES": "1024"}).cache_memory_bytes == 1024
