@@ -98,7 +98,7 @@ class Settings:
     compact_small_files: int = 16  # compact a partition holding more small superfiles than this (0: never)
     cleanup_interval_s: float = 3600.0  # clean up each table that commits at most this often (0: never)
     retention_s: float = 7 * 86400.0  # versions (and unreferenced files) younger than this stay
-    # warm on commit (docs/gateway.md): how often the tables this process reads are checked for a new version,
+    # warm on commit (docs/gateway.md): how often the tables this process uses are checked for a new version,
     # whose superfiles and indexes are then opened before a search needs them (0: never)
     warm_interval_s: float = 1.0
     # the distributed read path (docs/query.md): a gateway with ``query_url`` sends every read to the query

@@ -40,7 +40,10 @@ class WarmOnCommit:
     def once(self) -> int:
         """Warm each table whose version changed since it was last warmed; how many were."""
         warmed = 0
-        for table in self._tables():
+        tables = self._tables()
+        for gone in set(self._warmed) - {t.name for t in tables}:  # dropped, or idle: warmed afresh if used again
+            del self._warmed[gone]
+        for table in tables:
             if self._stop.is_set():
                 break
             try:
