@@ -1,8 +1,8 @@
 """Warm on commit: each table this gateway used lately is looked at every ``warm_interval_s``; a new version's
-superfiles, their indexes and the search unions over them are opened in the background (``Searcher.warm``:
-downloads into the disk cache, checksums, full-text extraction), so the search right after a commit does not
-wait for them (docs/gateway.md, "Warm on commit"). A query service warms its cache nodes instead
-(``superfile_query.app.Warmer``); a gateway that forwards its reads warms nothing."""
+superfiles and their indexes are opened in the background (``Searcher.warm``: downloads into the disk cache,
+checksums, full-text extraction), so the search right after a commit does not wait for them (docs/gateway.md,
+"Warm on commit"). A query service warms its cache nodes instead (``superfile_query.app.Warmer``); a gateway
+that forwards its reads warms nothing."""
 
 from __future__ import annotations
 

@@ -257,12 +257,13 @@ class Searcher:
             return self._search(request)
 
     def warm(self) -> None:
-        """Do now what the first searches of this snapshot would wait for: open each superfile (its download
-        into the disk cache and its checks), its full-text and vector indexes, and the unions over them. A
-        serving process calls it when a new version appears (the gateway's warm on commit, docs/gateway.md),
-        so that a search right after a commit finds them ready; what an earlier version opened is reused. A
-        snapshot whose superfiles do not all stay open together (``TableFiles.batches``) is left alone: warming
-        it would evict what it opened."""
+        """Do now the slow part of what the first search of this snapshot would wait for: open each superfile
+        (its download into the disk cache and its checks) and its full-text and vector indexes (a full-text
+        index is extracted to local disk). A serving process calls it when a new version appears (the
+        gateway's warm on commit, docs/gateway.md). The unions over the indexes are left to the first search
+        of the version: building them is quick once the parts are open, and a version no one searches needs
+        none. A snapshot whose superfiles do not all stay open together (``TableFiles.batches``) is left
+        alone: warming it would evict what it opened."""
         entries = self.snap.entries()
         if len(self.snap.files.batches(entries)) > 1:
             return
@@ -277,10 +278,6 @@ class Searcher:
                     file.vector_index(column)
 
         self.snap.each(prepare, entries)
-        for column in self.options.fts_columns:
-            self._union(column)
-        for column in self.options.vector_columns:
-            self._vector_union(column)
 
     def _search(self, request: SearchRequest) -> pa.Table:
         match request:
