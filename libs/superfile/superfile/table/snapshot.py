@@ -34,7 +34,7 @@ from superfile.format.reader import (
 from superfile.io import Storage
 from superfile.io.cache import DiskCache
 from superfile.manifest.model import ManifestList, PartRef, SuperfileEntry
-from superfile.manifest.store import ManifestStore
+from superfile.manifest.store import POINTER, ManifestStore
 from superfile.pools import query_pool, query_threads
 from superfile.schema import ID
 from superfile.table import exact
@@ -212,6 +212,8 @@ class TableFiles:
         self.verify = verify
         self.cache_dir = cache_dir or DEFAULT_CACHE_DIR
         self.disk_cache = disk_cache  # local copies of remote superfiles (None: each is read into memory)
+        # superfiles open as local files (a property of the storage, not of a path: asked once, of its pointer)
+        self._local = storage.local_path(POINTER) is not None
         self._readers = open_readers()  # shared by every table of the process: one budget
         self._owner = next(_owners)  # this table's keys in it: (owner, path)
         weakref.finalize(self, _gone.add, self._owner)
@@ -377,15 +379,12 @@ class TableFiles:
 
     def _estimate(self, entry: SuperfileEntry) -> tuple[int, int]:
         """What opening ``entry`` will hold (``SuperfileReader.held``), from the manifest alone, before its
-        indexes are opened: a local file past ``READ_WHOLE_BYTES`` or a disk-cache copy is mapped (a handle, and
-        no bytes but its metadata's), anything else read into memory; the footer taken as half a small file's
-        size, at most 64 KiB."""
+        indexes are opened, as :meth:`open` will open it: a local file past ``READ_WHOLE_BYTES`` is mapped (a
+        handle), a disk-cache copy too (2: its mapping and descriptor), anything else is read into memory and
+        charged its size; the footer taken as half a small file's size, at most 64 KiB."""
         footer = min(entry.size // 2, 64 * 1024)
-        if self.disk_cache is not None and self.storage.local_path(entry.path) is None:
-            mapped = 2
-        else:
-            mapped = int(entry.size > READ_WHOLE_BYTES and self.storage.local_path(entry.path) is not None)
-        return (0 if mapped else entry.size) + READER_OVERHEAD + FOOTER_FACTOR * footer, mapped
+        handles = int(entry.size > READ_WHOLE_BYTES) if self._local else (2 if self.disk_cache is not None else 0)
+        return (0 if handles else entry.size) + READER_OVERHEAD + FOOTER_FACTOR * footer, handles
 
     def batches(self, entries: Sequence[SuperfileEntry]) -> list[Sequence[SuperfileEntry]]:
         """``entries`` in runs whose readers (estimated from the manifest) fit half of each budget: what one
