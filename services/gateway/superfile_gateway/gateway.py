@@ -225,6 +225,7 @@ class Gateway:
         with self._lock:
             if not pinned_only:
                 self._tables.pop(name, None)
+                self._used.pop(name, None)
             for key in [k for k in self._pinned if k[0] == name]:
                 del self._pinned[key]
 

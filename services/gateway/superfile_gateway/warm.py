@@ -37,9 +37,8 @@ class WarmOnCommit:
         while not self._stop.wait(self._interval_s):
             self.once()
 
-    def once(self) -> int:
-        """Warm each table whose version changed since it was last warmed; how many were."""
-        warmed = 0
+    def once(self) -> None:
+        """Warm each table whose version changed since it was last warmed."""
         tables = self._tables()
         for gone in set(self._warmed) - {t.name for t in tables}:  # dropped, or idle: warmed afresh if used again
             del self._warmed[gone]
@@ -54,12 +53,10 @@ class WarmOnCommit:
                 Searcher(snap).warm()
                 WARM_SECONDS.observe(time.perf_counter() - start)
                 self._warmed[table.name] = snap.path
-                warmed += 1
             except SuperfileError as e:  # a table dropped, storage away: a search reports it; the next look retries
                 log.warning("warming %s: %s", table.name, e)
             except Exception:
                 log.exception("warming %s failed", table.name)
-        return warmed
 
     def close(self) -> None:
         self._stop.set()
