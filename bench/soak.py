@@ -588,6 +588,12 @@ def main() -> None:
         default=12 << 30,
         help="builder's and gateway's disk cache (holds 30 minutes of the table)",
     )
+    p.add_argument(
+        "--consistency",
+        choices=("strong", "bounded"),
+        default="strong",
+        help="the table's consistency: bounded lets the gateway serve each version once warm (docs/gateway.md)",
+    )
     p.add_argument("--poll-ms", type=int, default=20)
     p.add_argument("--name", default="soak")
     p.add_argument("--plot", default=str(ROOT / "docs" / "soak.svg"))
@@ -617,7 +623,11 @@ def main() -> None:
             {"doc_id": pa.array([-1], pa.int64()), "text": probe["text"][:1], "embedding": probe["embedding"][:1]}
         )
         table = superfile.connect(uri).create_table(
-            "soak", warm.schema, fts_columns=["text"], vector_columns={"embedding": {"dim": 384}}
+            "soak",
+            warm.schema,
+            fts_columns=["text"],
+            vector_columns={"embedding": {"dim": 384}},
+            consistency=args.consistency,
         )
         metrics_port = free_port()
         builder_args = ["--tables", "soak", "--metrics-port", str(metrics_port), "--compact-small-files", "16"]
@@ -734,6 +744,7 @@ def main() -> None:
                     "broker": "tansu (memory storage: it keeps the whole log in memory) on 127.0.0.1",
                     "moto_key_buffer_bytes": int(os.environ["MOTO_S3_DEFAULT_KEY_BUFFER_SIZE"]),
                     "cache_budget_bytes": args.cache_budget_bytes,
+                    "consistency": args.consistency,
                     "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)",
                     "commit": commit,
                     "uncommitted_at_start": dirty,

@@ -426,6 +426,40 @@ def test_consistency_policies(tmp_path: Path) -> None:
     assert pinned.count_rows() == 3
 
 
+def test_a_handle_serves_the_newest_snapshot_only_when_told(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``newest`` looks ahead without moving the handle; ``serve`` moves it and renews a bounded handle's
+    staleness clock, never backwards; a ``snapshot`` handle follows neither; a strong read that meets the
+    snapshot ``newest`` loaded does not load its manifest again."""
+    uri = f"file://{tmp_path}"
+    schema = pa.schema([("x", pa.int64())])
+    writer = superfile.connect(uri).create_table("t", schema, max_staleness_s=3600.0)
+    writer.append({"x": [1]})
+    bounded = superfile.connect(uri).open_table("t", consistency="bounded")
+    pinned = superfile.connect(uri).open_table("t", consistency="snapshot")
+    assert bounded.count_rows() == 1 and bounded.consistency == "bounded" and pinned.consistency == "snapshot"
+    old = bounded.snapshot()
+    writer.append({"x": [2, 3]})
+    assert bounded.count_rows() == 1  # within its hour of staleness: no pointer read
+    newest, checked = bounded.newest()
+    assert newest.version == writer.version and bounded.count_rows() == 1  # looked ahead, not moved
+    bounded.serve(newest, checked)
+    assert bounded.count_rows() == 3 and bounded.snapshot() is newest
+    bounded.serve(old, time.monotonic())  # an older snapshot does not move it back
+    assert bounded.count_rows() == 3
+    assert pinned.newest()[0].version == old.version
+    pinned.serve(newest, time.monotonic())
+    assert pinned.count_rows() == 1
+
+    strong = superfile.connect(uri).open_table("t")
+    assert strong.count_rows() == 3
+    writer.append({"x": [4]})
+    newest, _ = strong.newest()
+    loads: list[str] = []
+    load_list = strong.files.manifests.load_list
+    monkeypatch.setattr(strong.files.manifests, "load_list", lambda path: loads.append(path) or load_list(path))
+    assert strong.count_rows() == 4 and strong.snapshot() is newest and loads == []
+
+
 def test_write_buffer_flushes_but_commits_once(tmp_path: Path) -> None:
     uri = f"file://{tmp_path}"
     db = superfile.connect(uri)

@@ -72,7 +72,7 @@ from superfile_gateway.models import (
 )
 from superfile_gateway.settings import Settings
 from superfile_gateway.sql_workers import SqlWorkers
-from superfile_gateway.warm import WarmOnCommit
+from superfile_gateway.warm import FollowCommits, warm
 from superfile_gateway.writes import EmbeddedWrites, LogWrites, WritePath, WriteResult, wait_visible
 
 __all__ = ["LATEST", "At", "Gateway", "encode", "parse_as_of"]
@@ -176,7 +176,9 @@ class Gateway:
         # a gateway reading through the engine itself warms each new version of the tables it reads
         serving = not (settings.query_url or settings.cache_nodes or settings.cache_dns)
         self.warmer = (
-            WarmOnCommit(self.tables_in_use, settings.warm_interval_s) if serving and settings.warm_interval_s else None
+            FollowCommits(self.tables_in_use, warm, settings.warm_interval_s)
+            if serving and settings.warm_interval_s
+            else None
         )
         self._internal = hashlib.sha256((settings.internal_token or "").encode()).digest()
         self._readiness = ThreadPoolExecutor(1, thread_name_prefix="superfile-readyz")  # never behind queries

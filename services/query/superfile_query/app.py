@@ -13,7 +13,6 @@ commit publishes them (warm on commit, and again when membership changes).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,9 +21,11 @@ from superfile.errors import SuperfileError
 from superfile.remote.errors import AuthenticationError
 from superfile.search.fleet import Fleet
 from superfile.search.root import RootSearcher
+from superfile.table.snapshot import Snapshot
 from superfile_gateway.app import Gateway
 from superfile_gateway.app import create_app as create_gateway_app
 from superfile_gateway.settings import Settings, parse_api_keys
+from superfile_gateway.warm import FollowCommits
 
 __all__ = ["Warmer", "create_app", "query_settings"]
 
@@ -57,47 +58,34 @@ def query_settings(
 
 
 class Warmer:
-    """Every ``interval_s``, each table whose manifest or whose fleet changed is warmed on its owners: its new
-    superfiles are copied to them, and the BM25 statistics of the terms searched lately are gathered for the
-    new version (``RootSearcher.warm_term_stats``), so a search right after a commit skips that round."""
+    """Each table whose manifest or whose fleet changed is warmed on its owners: its new superfiles are copied
+    to them, and the BM25 statistics of the terms searched lately are gathered for the new version
+    (``RootSearcher.warm_term_stats``), so a search right after a commit skips that round. The gateway's
+    commit follower runs it (``superfile_gateway.warm.FollowCommits``), every ``interval_s``."""
 
     def __init__(self, gateway: Gateway, fleet: Fleet, interval_s: float = 1.0) -> None:
-        self._gateway = gateway
         self._fleet = fleet
-        self._interval_s = interval_s
-        self._warmed: dict[str, tuple[str, int]] = {}
         self.paths: dict[str, list[str]] = {}  # each table's live superfiles as last seen (for /v1/cluster)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="superfile-warm-on-commit", daemon=True)
-        self._thread.start()
+        self._follow = FollowCommits(
+            lambda: [gateway.table(name) for name in gateway.db.table_names()],
+            self._warm,
+            interval_s,
+            key=lambda snapshot: (snapshot.path, fleet.generation),
+            forget=self._forget,
+        )
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            try:
-                self.once()
-            except SuperfileError as e:
-                log.warning("warm on commit: %s", e)
-            except Exception:
-                log.exception("warm on commit failed")
+    def _warm(self, name: str, snapshot: Snapshot) -> None:
+        self.paths[name] = self._fleet.warm(snapshot)
+        try:  # a cache of statistics: a search asks for what this could not gather
+            RootSearcher(snapshot, self._fleet).warm_term_stats()
+        except SuperfileError as e:
+            log.warning("gathering the BM25 statistics of %s on commit: %s", name, e)
 
-    def once(self) -> None:
-        names = self._gateway.db.table_names()
-        for name in names:
-            snap = self._gateway.table(name).snapshot()
-            seen = (snap.path, self._fleet.generation)
-            if self._warmed.get(name) != seen:
-                self.paths[name] = self._fleet.warm(snap)
-                self._warmed[name] = seen
-                try:  # a cache of statistics: a search asks for what this could not gather
-                    RootSearcher(snap, self._fleet).warm_term_stats()
-                except SuperfileError as e:
-                    log.warning("gathering the BM25 statistics of %s on commit: %s", name, e)
-        for gone in set(self.paths) - set(names):
-            self.paths.pop(gone, None)
-            self._warmed.pop(gone, None)
+    def _forget(self, name: str) -> None:
+        self.paths.pop(name, None)
 
     def close(self) -> None:
-        self._stop.set()
+        self._follow.close()
 
 
 def cluster(fleet: Fleet, warmer: Warmer) -> dict[str, Any]:

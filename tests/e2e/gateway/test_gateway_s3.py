@@ -80,6 +80,33 @@ def test_a_new_version_is_warmed_before_it_is_searched(s3_uri: str, tmp_path: Pa
         assert after == fetched  # nothing downloaded on the search path
 
 
+def test_a_bounded_table_is_served_its_newest_version_once_warm(s3_uri: str, tmp_path: Path) -> None:
+    """A ``bounded`` table's reads are served the version the warm prepared: another writer's commit becomes
+    visible through the gateway without any read refreshing itself (its staleness bound here is an hour, which
+    alone would keep the old version), and the search that first sees it downloads nothing."""
+    env = {"SUPERFILE_STORAGE": s3_uri, "SUPERFILE_API_KEYS": "s3-key:*:rw", "SUPERFILE_CACHE_DIR": str(tmp_path)}
+    settings = Settings.from_env(env | {"SUPERFILE_WARM_INTERVAL_S": "0.1"})
+    writer = superfile.connect(s3_uri, cache_budget_bytes=0)
+    table = writer.create_table(
+        "docs", SCHEMA, fts_columns=["title"], vector_columns={"emb": 4}, consistency="bounded", max_staleness_s=3600.0
+    )
+    table.append(rows(range(30)))
+    with BackgroundServer(settings) as srv, superfile.connect(srv.url, api_key="s3-key") as db:
+        remote = db.open_table("docs")
+        assert remote.count_rows() == 30  # the gateway reads the table from now on
+        table.append(rows(range(30, 60)))
+        deadline = time.monotonic() + 30
+        while remote.version != table.version:  # the warm serves the new version; no read refreshes itself
+            assert time.monotonic() < deadline, "the new version was not served within 30 s"
+            time.sleep(0.05)
+        fetched = _metrics(srv.url, "superfile_gateway_cache_fetches_total")["superfile_gateway_cache_fetches_total"]
+        got = remote.bm25_search("title", "document 42 flow", k=5, projection=["key"])
+        assert got.equals(table.bm25_search("title", "document 42 flow", k=5, projection=["key"]))
+        assert remote.count_rows() == 60
+        after = _metrics(srv.url, "superfile_gateway_cache_fetches_total")["superfile_gateway_cache_fetches_total"]
+        assert after == fetched  # nothing downloaded on the search path
+
+
 def test_only_tables_used_lately_are_warmed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The warmer follows the tables the gateway used in the last ten minutes; one left idle longer drops out
     until it is used again. A gateway forwarding its reads to a query service has no warmer."""

@@ -77,6 +77,7 @@ class Supertable(Table):
         self._pinned = pinned
         self._consistency = consistency or snapshot.manifest.options.consistency
         self._checked = time.monotonic()
+        self._newest: Snapshot | None = None  # the last snapshot newest() loaded, for a read that meets it first
         self._lock = threading.Lock()
 
     # -- snapshots ----------------------------------------------------------------
@@ -102,14 +103,56 @@ class Supertable(Table):
         with self._lock:
             self._checked = time.monotonic()
             if pointer.manifest != self._snapshot.path and pointer.version >= self._snapshot.version:
-                manifest = self._files.manifests.load_list(pointer.manifest)
-                self._snapshot = Snapshot(self._files, pointer.manifest, manifest)
+                newest = self._newest
+                if newest is not None and newest.path == pointer.manifest:
+                    self._snapshot = newest
+                else:
+                    manifest = self._files.manifests.load_list(pointer.manifest)
+                    self._snapshot = Snapshot(self._files, pointer.manifest, manifest)
             snapshot = self._snapshot
         if snapshot.path != pointer.manifest:  # a newer commit of our own raced ahead of this read
             snapshot = Snapshot(self._files, pointer.manifest, self._files.manifests.load_list(pointer.manifest))
         return snapshot, (pointer, etag)
 
     # -- seams for the table's own modules (writer, optimize, history, cleanup) and the services ----------
+    @property
+    def consistency(self) -> str:
+        """How this handle picks the snapshot a read uses: ``strong``, ``bounded`` or ``snapshot``."""
+        return "snapshot" if self._pinned else self._consistency
+
+    def newest(self) -> tuple[Snapshot, float]:
+        """The snapshot this handle's reads will move to, and when that was known (``time.monotonic()``),
+        without moving the handle: the latest commit (one pointer read), or for a handle that does not follow
+        commits (pinned, or ``snapshot`` consistency) its own. A serving process opens what the snapshot's
+        searches need, then has the handle :meth:`serve` it, so that a ``bounded`` read is served a snapshot
+        already warm, as a search engine serves its last refreshed reader (``docs/design.md``, "Snapshots and
+        consistency")."""
+        checked = time.monotonic()
+        if self.consistency == "snapshot":
+            return self._snapshot, checked
+        pointer, _ = self._files.manifests.read_pointer()
+        with self._lock:
+            for known in (self._snapshot, self._newest):
+                if known is not None and known.path == pointer.manifest:
+                    return known, checked
+        snapshot = Snapshot(self._files, pointer.manifest, self._files.manifests.load_list(pointer.manifest))
+        with self._lock:
+            self._newest = snapshot
+        return snapshot, checked
+
+    def serve(self, snapshot: Snapshot, checked: float) -> None:
+        """Serve ``snapshot``, the latest at ``checked`` (from :meth:`newest`), unless this handle is already
+        past it (its own commit, or a read that refreshed meanwhile). Either way the handle's snapshot is at
+        least as new as the latest at ``checked``, so a ``bounded`` read may count its staleness from then."""
+        if self.consistency == "snapshot":
+            return
+        with self._lock:
+            if snapshot.version > self._snapshot.version:
+                self._snapshot = snapshot
+            self._checked = max(self._checked, checked)
+            if self._newest is not None and self._newest.version <= self._snapshot.version:
+                self._newest = None
+
     @property
     def files(self) -> TableFiles:
         """The table's storage, manifest store and superfile readers."""
