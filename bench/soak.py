@@ -629,6 +629,9 @@ def main() -> None:
             vector_columns={"embedding": {"dim": 384}},
             consistency=args.consistency,
         )
+        # the soak's own looks (publish-to-visible, the minute's figures, the final count) see every commit at
+        # once whatever the table's policy: they measure the commit, not a reader's allowed staleness
+        table = superfile.connect(uri).open_table("soak", consistency="strong")
         metrics_port = free_port()
         builder_args = ["--tables", "soak", "--metrics-port", str(metrics_port), "--compact-small-files", "16"]
         builder_args += ["--cleanup-interval-s", str(args.cleanup_interval_s), "--retention-s", str(args.retention_s)]
