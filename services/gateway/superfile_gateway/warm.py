@@ -11,6 +11,7 @@ gateway that forwards its reads follows nothing."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -66,6 +67,8 @@ class FollowCommits:
         self._interval_s = interval_s
         self._wait_s = interval_s
         self._seen: dict[str, Hashable] = {}  # table name -> key of the version last acted on
+        self._followed: list[Supertable] = []
+        self._listed = -math.inf  # when tables() was last asked (monotonic): once per interval_s, not per look
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="superfile-warm-on-commit", daemon=True)
         self._thread.start()
@@ -80,12 +83,16 @@ class FollowCommits:
                 log.exception("warm on commit failed")
 
     def once(self) -> None:
-        """Act on each table whose version changed since the last look, and move its handle there."""
-        tables = self._tables()
-        for gone in set(self._seen) - {t.name for t in tables}:  # dropped, or idle: acted on afresh if back
-            del self._seen[gone]
-            if self._forget is not None:
-                self._forget(gone)
+        """Act on each table whose version changed since the last look, and move its handle there. The tables
+        are listed again once ``interval_s`` has passed (a query service lists the storage for them)."""
+        if time.monotonic() - self._listed >= self._interval_s:
+            self._followed = tables = self._tables()
+            self._listed = time.monotonic()
+            for gone in set(self._seen) - {t.name for t in tables}:  # dropped, or idle: acted on afresh if back
+                del self._seen[gone]
+                if self._forget is not None:
+                    self._forget(gone)
+        tables = self._followed
         wait = self._interval_s
         for table in tables:
             if self._stop.is_set():

@@ -107,6 +107,37 @@ def test_a_bounded_table_is_served_its_newest_version_once_warm(s3_uri: str, tmp
         assert after == fetched  # nothing downloaded on the search path
 
 
+def test_the_follower_looks_at_versions_often_and_lists_tables_once_an_interval(tmp_path: Path) -> None:
+    """Each look reads every followed table's newest version and acts once per new one; the list of tables
+    (a storage listing in a query service) is asked again only once ``interval_s`` has passed."""
+    from superfile_gateway.warm import FollowCommits
+
+    uri = f"file://{tmp_path}/db"
+    writer = superfile.connect(uri).create_table(
+        "docs", SCHEMA, fts_columns=["title"], consistency="bounded", max_staleness_s=0.2
+    )
+    writer.append(rows(range(5)))
+    handle = superfile.connect(uri).open_table("docs")
+    listed: list[float] = []
+    acted: list[int] = []
+
+    def tables() -> list[superfile.Supertable]:
+        listed.append(time.monotonic())
+        return [handle]
+
+    follow = FollowCommits(tables, lambda name, snapshot: acted.append(snapshot.version), interval_s=3600.0)
+    try:
+        follow.once()
+        follow.once()
+        writer.append(rows(range(5, 10)))
+        follow.once()
+        assert len(listed) == 1
+        assert acted == [writer.version - 1, writer.version]
+        assert handle.count_rows() == 10  # served by the last look, within its bound
+    finally:
+        follow.close()
+
+
 def test_only_tables_used_lately_are_warmed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The warmer follows the tables the gateway used in the last ten minutes; one left idle longer drops out
     until it is used again. A gateway forwarding its reads to a query service has no warmer."""
