@@ -86,15 +86,14 @@ class FollowCommits:
         """Act on each table whose version changed since the last look, and move its handle there. The tables
         are listed again once ``interval_s`` has passed (a query service lists the storage for them)."""
         if time.monotonic() - self._listed >= self._interval_s:
-            self._followed = tables = self._tables()
+            self._followed = self._tables()
             self._listed = time.monotonic()
-            for gone in set(self._seen) - {t.name for t in tables}:  # dropped, or idle: acted on afresh if back
+            for gone in set(self._seen) - {t.name for t in self._followed}:  # dropped, or idle: acted on afresh
                 del self._seen[gone]
                 if self._forget is not None:
                     self._forget(gone)
-        tables = self._followed
         wait = self._interval_s
-        for table in tables:
+        for table in self._followed:
             if self._stop.is_set():
                 break
             if table.consistency == "bounded":

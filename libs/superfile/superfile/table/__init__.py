@@ -83,7 +83,7 @@ class Supertable(Table):
     # -- snapshots ----------------------------------------------------------------
     def _current(self) -> Snapshot:
         """The snapshot this read uses, refreshed as the consistency policy says."""
-        if self._pinned or self._consistency == "snapshot":
+        if self.consistency == "snapshot":
             return self._snapshot
         if self._consistency == "bounded":
             staleness = self._snapshot.manifest.options.max_staleness_s
@@ -103,16 +103,18 @@ class Supertable(Table):
         with self._lock:
             self._checked = time.monotonic()
             if pointer.manifest != self._snapshot.path and pointer.version >= self._snapshot.version:
-                newest = self._newest
-                if newest is not None and newest.path == pointer.manifest:
-                    self._snapshot = newest
-                else:
-                    manifest = self._files.manifests.load_list(pointer.manifest)
-                    self._snapshot = Snapshot(self._files, pointer.manifest, manifest)
+                self._snapshot = self._at(pointer.manifest)
             snapshot = self._snapshot
         if snapshot.path != pointer.manifest:  # a newer commit of our own raced ahead of this read
-            snapshot = Snapshot(self._files, pointer.manifest, self._files.manifests.load_list(pointer.manifest))
+            snapshot = self._at(pointer.manifest)
         return snapshot, (pointer, etag)
+
+    def _at(self, path: str) -> Snapshot:
+        """The snapshot of manifest ``path``: this handle's, the one :meth:`newest` loaded, or loaded now."""
+        for known in (self._snapshot, self._newest):
+            if known is not None and known.path == path:
+                return known
+        return Snapshot(self._files, path, self._files.manifests.load_list(path))
 
     # -- seams for the table's own modules (writer, optimize, history, cleanup) and the services ----------
     @property
@@ -131,13 +133,10 @@ class Supertable(Table):
         if self.consistency == "snapshot":
             return self._snapshot, checked
         pointer, _ = self._files.manifests.read_pointer()
+        snapshot = self._at(pointer.manifest)  # loaded outside the lock: reads go on meanwhile
         with self._lock:
-            for known in (self._snapshot, self._newest):
-                if known is not None and known.path == pointer.manifest:
-                    return known, checked
-        snapshot = Snapshot(self._files, pointer.manifest, self._files.manifests.load_list(pointer.manifest))
-        with self._lock:
-            self._newest = snapshot
+            if snapshot is not self._snapshot:
+                self._newest = snapshot
         return snapshot, checked
 
     def serve(self, snapshot: Snapshot, checked: float) -> None:
