@@ -162,7 +162,9 @@ class FaultyHttpProxy:
 
     Each request is forwarded on a fresh connection to the upstream server,
     so a lost answer never leaves the server's side in doubt; the client
-    side keeps its connection alive until a fault closes it.
+    side keeps its connection alive until a fault closes it. Faults are drawn
+    from ``seed``: proxies in front of peers need seeds of their own, or their
+    n-th requests all draw the same fault.
     """
 
     def __init__(self, upstream: str, faults: Faults | None = None, *, seed: int = 0) -> None:
