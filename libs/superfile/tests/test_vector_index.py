@@ -129,6 +129,63 @@ def test_blob_header_is_self_describing() -> None:
     assert (index.nlist, index.default_nprobe) == (40, 7)
 
 
+def low_rank(n: int, dim: int, rank: int, seed: int = 0) -> np.ndarray:
+    """Gaussian blobs whose centres span a ``rank``-dimensional subspace: most of the variance in few
+    directions, as in sentence embeddings (MiniLM's 384 dimensions hold 91% of it in 192)."""
+    rng = np.random.default_rng(seed)
+    basis = np.linalg.qr(rng.standard_normal((dim, rank)))[0].T.astype(np.float32)  # (rank, dim), orthonormal
+    centres = 3.0 * rng.standard_normal((50, rank)).astype(np.float32) @ basis
+    return centres[rng.integers(0, 50, n)] + 0.3 * rng.standard_normal((n, dim)).astype(np.float32)
+
+
+def header_version(blob: bytes) -> int:
+    return int(struct.unpack_from("<4sH", blob)[1])
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_reduced_codes_keep_recall_with_half_the_bytes(metric) -> None:
+    """Where a few principal components hold 90% of the variance, the first pass reads codes of those (version
+    2 blobs); recall, filtered search included, stays that of full codes."""
+    data = low_rank(12_050, 128, 16, seed=8)
+    x, queries = data[:12_000], data[12_000:]
+    reduced = build_vector_index(x, metric)
+    full = build_vector_index(x, metric, VectorIndexParams(reduce=False))
+    assert (header_version(reduced), header_version(full)) == (2, 1)
+    index, plain = VectorIndex.from_buffer(reduced), VectorIndex.from_buffer(full)
+    lists = index.ivf_lists
+    assert lists is not None and lists.codes.shape[1] <= 64 and lists.proj is not None
+    assert len(reduced) < len(full) - 12_000 * 48
+    assert recall(index, x, queries, metric) >= 0.95
+    assert recall(index, x, queries, metric) >= recall(plain, x, queries, metric) - 0.02
+    rows = np.sort(np.random.default_rng(9).choice(len(x), 3_000, replace=False))  # 25%: the widening path
+    for q in queries[:20]:
+        want, _ = exact(x, q, metric, 10, rows)
+        got, _ = index.search(q, 10, nprobe=4, allow=BitMap(rows.tolist()))
+        assert len(set(got.tolist()) & set(want.tolist())) >= 9
+
+
+def test_codes_stay_whole_where_halving_them_would_lose_variance() -> None:
+    """Isotropic vectors (and narrow ones) keep full-dimension codes and the version 1 layout."""
+    isotropic = np.random.default_rng(3).standard_normal((5_000, 128)).astype(np.float32)
+    for x in (isotropic, clustered(5_000, 32, seed=3)):
+        blob = build_vector_index(x, "cosine")
+        index = VectorIndex.from_buffer(blob)
+        assert header_version(blob) == 1
+        assert index.ivf_lists is not None and index.ivf_lists.proj is None
+        assert index.ivf_lists.codes.shape[1] == x.shape[1]
+
+
+def test_a_projection_in_a_version_1_blob_is_corrupt() -> None:
+    blob = bytearray(build_vector_index(low_rank(3_000, 128, 8, seed=2), "l2"))
+    assert header_version(bytes(blob)) == 2
+    struct.pack_into("<H", blob, 4, 1)
+    count = struct.unpack_from("<I", blob, 40)[0]
+    head = 48 + 24 * count
+    struct.pack_into("<I", blob, head, zlib.crc32(blob[:head]))
+    with pytest.raises(CorruptSuperfileError, match="projection"):
+        VectorIndex.from_buffer(bytes(blob))
+
+
 def test_from_buffer_does_not_copy() -> None:
     x = clustered(5_000, 64, seed=4)
     buf = pa.py_buffer(build_vector_index(x, "cosine"))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from superfile.format.vector_index import METRICS, VectorIndex, VectorIndexParams, build_vector_index
 from superfile.format.vector_union import VectorUnion
-from test_vector_index import clustered, exact
+from test_vector_index import clustered, exact, low_rank
 
 
 def index(x: np.ndarray, metric: str, **params: int | str) -> VectorIndex:
@@ -70,6 +70,26 @@ def test_default_knobs_rank_like_the_indexes_one_by_one(metric) -> None:
         got_each += len(want & set(flat(each, bounds)[0][:10].tolist()))
     assert got_union / (10 * len(queries)) >= 0.95
     assert got_union >= got_each - 2
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_parts_with_reduced_and_full_codes_rank_together(metric) -> None:
+    """Parts whose codes are of their own principal components, beside a part with full codes: the first pass
+    maps each part's dot products back onto q.x, so exhaustive search is exact and default search keeps
+    recall."""
+    data = low_rank(9_000, 128, 16, seed=5)
+    queries = low_rank(30, 128, 16, seed=5)[:30] + 0.05
+    bounds = [0, 4_000, 6_500, 9_000]
+    parts = [index(data[a:b], metric, reduce=p != 1) for p, (a, b) in enumerate(itertools.pairwise(bounds))]
+    assert [p.ivf_lists.proj is not None for p in parts] == [True, False, True]
+    union = VectorUnion(parts)
+    got = 0
+    for q in queries:
+        _, dist = flat(union.top(q, 10, range(3), nprobe=10**6, rerank=9_000), bounds)
+        want_rows, want = exact(data, q, metric, 10)
+        assert np.allclose(dist, want, atol=1e-4)
+        got += len(set(flat(union.top(q, 10, range(3)), bounds)[0].tolist()) & set(want_rows.tolist()))
+    assert got / (10 * len(queries)) >= 0.95
 
 
 def test_only_the_named_parts_are_searched() -> None:

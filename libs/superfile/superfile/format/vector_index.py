@@ -6,6 +6,9 @@ Two kinds share one blob format and one search contract:
   stored grouped by list, an int8 first pass over the probed lists (numkong SIMD
   kernels) and an exact float32 rerank of the best candidates. It builds at
   >100k vectors/s, which the ingest path needs; HNSW builds at ~11k/s here.
+  Where half the dimensions or fewer hold 90% of the variance (sentence
+  embeddings), the codes are of those principal components: half the bytes
+  a first pass reads.
 * ``"hnsw"``: a usearch graph (float16 by default) for large compacted files, with
   the same exact float32 rerank.
 
@@ -53,7 +56,8 @@ METRICS: Final = ("cosine", "l2", "dot")
 KINDS: Final = ("ivf", "hnsw")
 
 MAGIC: Final = b"SFVI"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2  # 2: IVF codes may be of principal components (PMEA, PROJ); 1 is still read
+_VERSIONS: Final = (1, 2)
 _ALIGN: Final = 64
 # magic, version, kind, metric, dim, nlist, num_rows, radius, nprobe, rerank, section count, reserved
 _HEADER = struct.Struct("<4sHBBIIQdIIII")  # 48 bytes
@@ -83,7 +87,10 @@ class VectorIndexParams:
     kind: str = "ivf"
     nlist: int | None = None  # IVF lists; None: n / max(sqrt(n), 64), i.e. 256 lists at 64k rows
     nprobe: int | None = None  # IVF lists probed by default; None: derived from nlist
-    rerank: int | None = None  # candidates rescored in float32; None: 40 (IVF), 160 (HNSW)
+    rerank: int | None = None  # candidates rescored in float32; None: 40 (IVF; 200 with reduced codes), 160 (HNSW)
+    # IVF codes of the principal components holding 90% of the variance, when that is at most half the
+    # dimensions: half the bytes a first pass reads (docs/vector-index.md, "Reduced codes")
+    reduce: bool = True
     train_per_list: int = 32  # k-means sample: this many rows per list (at most n)
     train_iters: int = 8
     seed: int = 0
@@ -119,21 +126,24 @@ def build_vector_index(vectors: npt.ArrayLike, metric: str, params: VectorIndexP
     if params.kind == "ivf":
         nlist = min(params.nlist or _default_nlist(n), n)
         nprobe = min(params.nprobe or _default_nprobe(nlist), max(nlist, 1))
-        rerank = params.rerank or _IVF_RERANK
         sections = _build_ivf(x, geo, norms, metric, nlist, params)
+        code_dim = dict(sections)[b"CODE"].shape[1]
+        rerank = params.rerank or (_IVF_RERANK if code_dim == dim else _REDUCED_RERANK)
     else:
-        nlist, nprobe = 0, 0
+        nlist, nprobe, code_dim = 0, 0, dim
         rerank = params.rerank or _HNSW_RERANK
         sections = _build_hnsw(x, geo, norms, metric, params)
-    header = _HeaderFields(params.kind, metric, dim, n, nlist, radius, nprobe, rerank)
+    header = _HeaderFields(params.kind, metric, dim, n, nlist, radius, nprobe, rerank, code_dim)
     return _pack(header, [(b"SUMM", centroid), *sections])
 
 
 @dataclass(frozen=True)
 class IvfLists:
     """Views of an IVF index's sections: list centroids with their scoring bias (``bias - 2 c.q`` orders lists
-    by distance to q), list ``offsets`` into the list-ordered ``codes`` (int8, per-dimension ``scale``),
-    ``vectors`` and ``norms``, the row offset of each position (``row_ids``) and the search defaults."""
+    by distance to q), list ``offsets`` into the list-ordered ``codes`` (int8, per-component ``scale``),
+    ``vectors`` and ``norms``, the row offset of each position (``row_ids``) and the search defaults. Codes
+    are of the vectors themselves, or (``proj`` not None) of their principal components: ``x - mean``
+    projected on ``proj``'s columns, each scaled by its ``scale``."""
 
     centroids: _Floats
     bias: _Floats
@@ -145,6 +155,18 @@ class IvfLists:
     row_ids: npt.NDArray[np.uint32]
     nprobe: int
     rerank: int
+    mean: _Floats | None
+    proj: _Floats | None
+
+    def query_codes(self, q: _Floats) -> tuple[npt.NDArray[np.int8], float, float]:
+        """``q`` in the codes' space, quantized to int8 (1, code dims), with ``step`` and ``offset`` such that
+        ``step * (q8 . code) + offset`` estimates ``q.x`` for any row; the offset is the same for every row."""
+        if self.proj is None:
+            q8, step = quantize_query(q, self.scale[None])
+            return q8, float(step[0]), 0.0
+        assert self.mean is not None
+        q8, step = quantize_query((q @ self.proj)[None], self.scale[None])
+        return q8, float(step[0]), float(q @ self.mean)
 
 
 class VectorIndex:
@@ -170,9 +192,12 @@ class VectorIndex:
             if offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 0):
                 raise CorruptSuperfileError("<blob>", "vector index list offsets are inconsistent")
             self._offsets = offsets
-            self._scale = _view(sections[b"QSCL"], np.float32, (dim,))
+            cdim = header.code_dim
+            self._mean = _view(sections[b"PMEA"], np.float32, (dim,)) if cdim != dim else None
+            self._proj = _view(sections[b"PROJ"], np.float32, (dim, cdim)) if cdim != dim else None
+            self._scale = _view(sections[b"QSCL"], np.float32, (cdim,))
             self._row_ids = _view(sections[b"RIDS"], np.uint32, (n,))
-            self._codes = _view(sections[b"CODE"], np.int8, (n, dim))
+            self._codes = _view(sections[b"CODE"], np.int8, (n, cdim))
             self._row_pos = _view(sections[b"RPOS"], np.uint32, (n,))
         else:
             self._hnsw = _restore_hnsw(sections[b"HNSW"], n, dim)
@@ -246,6 +271,8 @@ class VectorIndex:
             self._row_ids,
             h.nprobe,
             h.rerank,
+            self._mean,
+            self._proj,
         )
 
     # -- search internals -------------------------------------------------------------------
@@ -311,7 +338,7 @@ class VectorIndex:
             q8, qscale = self._quantized_query(q)
             packed = nk.dots_pack(q8)
             dots = np.empty(len(pos), dtype=np.int32)
-            buf = np.empty((min(len(pos), _GATHER_CHUNK), self.dim), dtype=np.int8)
+            buf = np.empty((min(len(pos), _GATHER_CHUNK), self._codes.shape[1]), dtype=np.int8)
             for s in range(0, len(pos), _GATHER_CHUNK):
                 chunk = pos[s : s + _GATHER_CHUNK]
                 rows = np.take(self._codes, chunk, axis=0, out=buf[: len(chunk)], mode="clip")
@@ -338,9 +365,11 @@ class VectorIndex:
         return -dots.astype(np.float64)  # cosine codes are of unit vectors: dot ranks them
 
     def _quantized_query(self, q: _Floats) -> tuple[npt.NDArray[np.int8], float]:
-        """Fold the per-dimension code scales into the query and quantize it to int8."""
-        q8, step = quantize_query(q, self._scale[None])
-        return q8, float(step[0])
+        """The query in the codes' space as int8, and its step (the offset, one for every row, ranks nothing)."""
+        lists = self.ivf_lists
+        assert lists is not None
+        q8, step, _ = lists.query_codes(q)
+        return q8, step
 
     def _ivf_search(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
         offsets = self._offsets
@@ -414,6 +443,10 @@ class VectorIndex:
 
 # Search tuning constants (measured, see docs/vector-index.md).
 _IVF_RERANK: Final = 40
+_REDUCED_RERANK: Final = 200  # principal-component codes rank less exactly: 200 lost 0.002 of recall@10, 100 0.006
+_REDUCE_VARIANCE: Final = 0.9  # MiniLM 384-d: 192 components (0.914); 160 (0.875) lost 0.005-0.02 of recall@10
+_REDUCE_STEP: Final = 32  # components come in multiples of this (whole SIMD blocks)
+_REDUCE_MIN_ROWS_PER_DIM: Final = 4  # a covariance from fewer rows per dimension is too noisy to trust
 _HNSW_RERANK: Final = 160
 _IVF_BRUTE_FACTOR: Final = 1.0  # scan allowed rows directly when fewer than this x the default probe scans
 _HNSW_BRUTE_PER_SQRT_N: Final = 24.0
@@ -450,6 +483,27 @@ def quantize_query(q: _Floats, scales: _Floats) -> tuple[npt.NDArray[np.int8], n
     peak = np.abs(w).max(axis=1).astype(np.float64)
     step = np.where(peak > 0, peak / 127.0, 1.0)
     return np.rint(w / step.astype(np.float32)[:, None]).astype(np.int8), step
+
+
+def _components(sample: _Floats) -> tuple[_Floats, _Floats] | None:
+    """The mean and the principal axes (dim, d) of ``sample`` holding ``_REDUCE_VARIANCE`` of its variance, d a
+    multiple of ``_REDUCE_STEP``; None when that is more than half the dimensions (nothing to gain) or the
+    sample is too small to estimate them."""
+    n, dim = sample.shape
+    if dim < 2 * _REDUCE_STEP or n < _REDUCE_MIN_ROWS_PER_DIM * dim:
+        return None
+    mean = sample.mean(axis=0, dtype=np.float64)
+    centred = (sample - mean).astype(np.float64)
+    values, axes = np.linalg.eigh(centred.T @ centred)  # ascending
+    values, axes = values[::-1], axes[:, ::-1]
+    total = float(values.sum())
+    if total <= 0:
+        return None
+    kept = int(np.searchsorted(np.cumsum(values) / total, _REDUCE_VARIANCE)) + 1
+    d = -(-kept // _REDUCE_STEP) * _REDUCE_STEP
+    if d > dim // 2:
+        return None
+    return mean.astype(np.float32), np.ascontiguousarray(axes[:, :d], dtype=np.float32)
 
 
 def exact_distances(v: _Floats, q: _Floats, norms: _Floats, metric: str) -> _Floats:
@@ -564,6 +618,7 @@ def _build_ivf(
     size = params.train_per_list * nlist
     take = np.sort(rng.choice(n, size, replace=False)) if size < n else np.arange(n)
     sample = geo[take]
+    basis = _components(sample) if params.reduce else None
     if extra is not None:
         sample = np.hstack([sample, extra[take, None]])
     lists = _kmeans(sample, nlist, params.train_iters, spherical, rng)
@@ -572,18 +627,26 @@ def _build_ivf(
     offsets = np.zeros(nlist + 1, dtype=np.uint32)
     np.cumsum(np.bincount(assign, minlength=nlist), out=offsets[1:])
     bias = np.zeros(nlist, np.float32) if spherical else np.einsum("ij,ij->i", lists, lists)
-    peak = np.abs(geo).max(axis=0) if n else np.zeros(dim, np.float32)
+    if basis is None:
+        coded = geo[perm]
+    else:  # the rows' principal components, in list order
+        mean, axes = basis
+        coded = np.empty((n, axes.shape[1]), np.float32)
+        for s in range(0, n, _ASSIGN_CHUNK):
+            np.matmul(geo[perm[s : s + _ASSIGN_CHUNK]] - mean, axes, out=coded[s : s + _ASSIGN_CHUNK])
+    peak = np.abs(coded).max(axis=0) if n else np.zeros(coded.shape[1], np.float32)
     scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
-    codes = np.empty((n, dim), dtype=np.int8)
+    codes = np.empty(coded.shape, dtype=np.int8)
     for s in range(0, n, _ASSIGN_CHUNK):
-        chunk = geo[perm[s : s + _ASSIGN_CHUNK]] / scale
-        codes[s : s + _ASSIGN_CHUNK] = np.clip(np.rint(chunk), -127, 127)
+        codes[s : s + _ASSIGN_CHUNK] = np.clip(np.rint(coded[s : s + _ASSIGN_CHUNK] / scale), -127, 127)
     row_pos = np.empty(n, dtype=np.uint32)
     row_pos[perm] = np.arange(n, dtype=np.uint32)
+    reduced = [] if basis is None else [(b"PMEA", basis[0]), (b"PROJ", basis[1])]
     return [
         (b"CENT", np.ascontiguousarray(lists[:, :dim])),
         (b"CBIA", bias),
         (b"COFF", offsets),
+        *reduced,
         (b"QSCL", scale),
         (b"RIDS", perm.astype(np.uint32)),
         (b"NORM", norms[perm]),
@@ -671,6 +734,7 @@ class _HeaderFields:
     radius: float
     nprobe: int
     rerank: int
+    code_dim: int  # IVF code components: dim, or fewer for principal components (not stored: PROJ's width)
 
 
 _REQUIRED: Final = {
@@ -680,16 +744,18 @@ _REQUIRED: Final = {
 
 
 def _expected_sizes(h: _HeaderFields) -> dict[bytes, int]:
-    n, dim, nlist = h.n, h.dim, h.nlist
+    n, dim, nlist, cdim = h.n, h.dim, h.nlist, h.code_dim
     return {
         b"SUMM": 4 * dim,
         b"CENT": 4 * nlist * dim,
         b"CBIA": 4 * nlist,
         b"COFF": 4 * (nlist + 1),
-        b"QSCL": 4 * dim,
+        b"PMEA": 4 * dim,
+        b"PROJ": 4 * dim * cdim,
+        b"QSCL": 4 * cdim,
         b"RIDS": 4 * n,
         b"NORM": 4 * n,
-        b"CODE": n * dim,
+        b"CODE": n * cdim,
         b"VECS": 4 * n * dim,
         b"RPOS": 4 * n,
     }
@@ -709,7 +775,7 @@ def _pack(h: _HeaderFields, sections: list[tuple[bytes, npt.NDArray[Any]]]) -> b
     head = bytearray(
         _HEADER.pack(
             MAGIC,
-            FORMAT_VERSION,
+            FORMAT_VERSION if h.code_dim != h.dim else 1,  # unreduced blobs stay readable by older readers
             _KIND_CODES[h.kind],
             _METRIC_CODES[h.metric],
             h.dim,
@@ -743,7 +809,7 @@ def _parse(mv: memoryview) -> tuple[_HeaderFields, dict[bytes, memoryview]]:
     magic, version, kind_code, metric_code, dim, nlist, n, radius, nprobe, rerank, count, _ = _HEADER.unpack_from(mv)
     if magic != MAGIC:
         raise corrupt(f"has bad magic {bytes(magic)!r}")
-    if version != FORMAT_VERSION:
+    if version not in _VERSIONS:
         raise corrupt(f"has unsupported format version {version}")
     head_len = _HEADER.size + _SECTION.size * count + _CRC.size
     if count > 64 or len(mv) < head_len:
@@ -755,15 +821,20 @@ def _parse(mv: memoryview) -> tuple[_HeaderFields, dict[bytes, memoryview]]:
     metrics = {v: k for k, v in _METRIC_CODES.items()}
     if kind_code not in kinds or metric_code not in metrics or dim == 0:
         raise corrupt("header names an unknown kind or metric")
-    h = _HeaderFields(kinds[kind_code], metrics[metric_code], dim, n, nlist, radius, nprobe, rerank)
     sections: dict[bytes, memoryview] = {}
     for i in range(count):
         tag, _, off, length = _SECTION.unpack_from(mv, _HEADER.size + i * _SECTION.size)
         if off + length > len(mv):
             raise corrupt(f"section {tag!r} runs past the end of the blob (truncated?)")
         sections[tag] = mv[off : off + length]
+    code_dim = dim
+    if b"PROJ" in sections:
+        code_dim, rest = divmod(len(sections[b"PROJ"]), 4 * dim)
+        if version < 2 or kinds[kind_code] != "ivf" or rest or not 0 < code_dim < dim or b"PMEA" not in sections:
+            raise corrupt("has a malformed principal-component projection")
+    h = _HeaderFields(kinds[kind_code], metrics[metric_code], dim, n, nlist, radius, nprobe, rerank, code_dim)
     expected = _expected_sizes(h)
-    for tag in _REQUIRED[h.kind]:
+    for tag in (*_REQUIRED[h.kind], *((b"PMEA", b"PROJ") if code_dim != dim else ())):
         if tag not in sections:
             raise corrupt(f"lacks section {tag!r}")
         if tag in expected and len(sections[tag]) != expected[tag]:

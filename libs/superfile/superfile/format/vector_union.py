@@ -18,8 +18,9 @@ list, not per row:
    into one buffer, on the caller's thread (the kernel releases the GIL, so
    concurrent searches use every core; splitting one search over two threads
    cut its latency but cost CPU that concurrent searches needed); the parts'
-   codes have their own scales, so the dot products are rescaled onto one
-   scale (``qscale``) and compare across parts;
+   codes have their own scales (and may be of their own principal
+   components), so the dot products are mapped back onto q.x
+   (``IvfLists.query_codes``) and compare across parts;
 3. **rerank**: exact float32 distances for the ``rerank`` best first-pass
    candidates of all the parts together (default: the largest of the parts'
    defaults). The first pass ranks across parts, so the budget is per search,
@@ -39,7 +40,7 @@ import numkong as nk
 import numpy as np
 import numpy.typing as npt
 
-from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances, quantize_query, smallest
+from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances, smallest
 
 __all__ = ["VectorUnion"]
 
@@ -70,7 +71,6 @@ class VectorUnion:
         self._start = np.concatenate([x.offsets[:-1] for x in self._lists])
         self._size = np.concatenate([np.diff(x.offsets) for x in self._lists])
         self._rows = np.array([len(x.row_ids) for x in self._lists], np.int64)
-        self._scale = np.stack([x.scale for x in self._lists])
         self._nprobe = np.minimum(np.array([x.nprobe for x in self._lists], np.int64), np.maximum(nlist, 1))
         self._rerank_default = np.array([x.rerank for x in self._lists], np.int64)
         self._nlist = nlist
@@ -147,11 +147,11 @@ class VectorUnion:
         run_part, lo = part[first], start[first]
         length = start[last] + size[last] - lo
         at = np.concatenate(([0], np.cumsum(length)))
-        scanned = np.unique(run_part)
-        q8, step = quantize_query(q, self._scale[scanned])
-        packed = {p: nk.dots_pack(q8[i : i + 1]) for i, p in enumerate(scanned.tolist())}
-        qscale = np.zeros(len(self._lists), np.float64)
-        qscale[scanned] = step
+        packed: dict[int, nk.PackedMatrix] = {}
+        qscale, qoffset = np.zeros(len(self._lists), np.float64), np.zeros(len(self._lists), np.float64)
+        for p in np.unique(run_part).tolist():  # each part's codes have their own space (scales, components)
+            q8, qscale[p], qoffset[p] = self._lists[p].query_codes(q)
+            packed[p] = nk.dots_pack(q8)
         out = nk.empty((int(at[-1]), 1), dtype="int32")
         l2 = self.metric == "l2"
         norms = np.empty(int(at[-1]) if l2 else 0, np.float32)
@@ -159,7 +159,9 @@ class VectorUnion:
             nk.dots_packed(self._lists[p].codes[a : a + n], packed[p], out=cast(nk.Tensor, out[o : o + n]))
             if l2:
                 norms[o : o + n] = self._lists[p].norms[a : a + n]
-        dots = np.asarray(out).reshape(-1) * np.repeat(qscale[run_part], length)  # ~ q.x in every part
+        dots = np.asarray(out).reshape(-1) * np.repeat(qscale[run_part], length)
+        if qoffset.any():  # principal-component codes: q.x = step * (q8 . code) + q.mean
+            dots += np.repeat(qoffset[run_part], length)
         located = (run_part, lo, at)
         if l2:  # |x|^2 - 2 q.x; |q|^2 is the same for every row
             return norms * norms - 2.0 * dots, located
