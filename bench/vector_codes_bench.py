@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import search_bench  # noqa: E402
-import superfile  # noqa: E402
-from superfile.format.vector_index import VectorIndex, VectorIndexParams, build_vector_index  # noqa: E402
-from superfile.format.vector_union import VectorUnion  # noqa: E402
-from superfile.table.search import Searcher  # noqa: E402
+import search_bench
+import superfile
+from superfile.format.vector_index import VectorIndex, VectorIndexParams, build_vector_index
+from superfile.format.vector_union import VectorUnion
+from superfile.table.search import Searcher
 
 K = 10
 SETTINGS = [(8, None), (16, None), (48, None), (16, 40), (16, 100), (16, 400)]  # (nprobe, rerank); None: default
