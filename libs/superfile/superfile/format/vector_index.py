@@ -627,9 +627,8 @@ def _build_ivf(
     offsets = np.zeros(nlist + 1, dtype=np.uint32)
     np.cumsum(np.bincount(assign, minlength=nlist), out=offsets[1:])
     bias = np.zeros(nlist, np.float32) if spherical else np.einsum("ij,ij->i", lists, lists)
-    if basis is None:
-        coded = geo[perm]
-    else:  # the rows' principal components, in list order
+    coded = geo  # what the codes are of, by row; in list order (perm) when they are principal components
+    if basis is not None:
         mean, axes = basis
         coded = np.empty((n, axes.shape[1]), np.float32)
         for s in range(0, n, _ASSIGN_CHUNK):
@@ -638,7 +637,8 @@ def _build_ivf(
     scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
     codes = np.empty(coded.shape, dtype=np.int8)
     for s in range(0, n, _ASSIGN_CHUNK):
-        codes[s : s + _ASSIGN_CHUNK] = np.clip(np.rint(coded[s : s + _ASSIGN_CHUNK] / scale), -127, 127)
+        chunk = coded[perm[s : s + _ASSIGN_CHUNK]] if basis is None else coded[s : s + _ASSIGN_CHUNK]
+        codes[s : s + _ASSIGN_CHUNK] = np.clip(np.rint(chunk / scale), -127, 127)
     row_pos = np.empty(n, dtype=np.uint32)
     row_pos[perm] = np.arange(n, dtype=np.uint32)
     reduced = [] if basis is None else [(b"PMEA", basis[0]), (b"PROJ", basis[1])]
