@@ -145,7 +145,9 @@ def header_version(blob: bytes) -> int:
 @pytest.mark.parametrize("metric", METRICS)
 def test_reduced_codes_keep_recall_with_half_the_bytes(metric) -> None:
     """Where a few principal components hold 90% of the variance, the first pass reads codes of those (version
-    2 blobs); recall, filtered search included, stays that of full codes."""
+    2 blobs); recall, filtered search included, stays that of full codes. A blob's neighbours differ only in
+    the dropped components here, so the first pass barely ranks them: the rerank pool of 200 is what keeps
+    recall (with 40 it fell to 0.69)."""
     data = low_rank(12_050, 128, 16, seed=8)
     x, queries = data[:12_000], data[12_000:]
     reduced = build_vector_index(x, metric)
