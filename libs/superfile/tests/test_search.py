@@ -280,6 +280,36 @@ def test_vector_search_over_superfiles_with_and_without_deletes(metric: str) -> 
         assert set(got.column("n").to_pylist()) <= set(live.tolist())
 
 
+def test_a_column_chooses_its_codes_and_both_search_exactly() -> None:
+    """Superfiles written for a column of low-rank 128-d vectors carry principal-component codes unless the
+    column's index says ``reduce: False``; searched as a union and one by one (a deleted row), both columns
+    answer the exact top 20 when every list is probed and every row reranked."""
+    rng = np.random.default_rng(13)
+    basis = np.linalg.qr(rng.standard_normal((128, 12)))[0].T
+    x = (3 * rng.standard_normal((4_000, 12)) @ basis + 0.2 * rng.standard_normal((4_000, 128))).astype(np.float32)
+    vectors = pa.FixedSizeListArray.from_arrays(x.ravel(), 128)
+    t = fresh("vcodes").create_table(
+        "t",
+        pa.schema([("n", pa.int64()), ("a", vectors.type), ("b", vectors.type)]),
+        vector_columns={"a": {"dim": 128}, "b": {"dim": 128, "index": {"reduce": False}}},
+    )
+    for lo in (0, 2_000):
+        t.append(
+            pa.table({"n": np.arange(lo, lo + 2_000), "a": vectors[lo : lo + 2_000], "b": vectors[lo : lo + 2_000]})
+        )
+    t.delete("n = 7")
+    snap = t._current()
+    reduced = {c: [snap.open(e).vector_index(c).ivf_lists.proj is not None for e in snap.entries()] for c in "ab"}
+    assert reduced == {"a": [True, True], "b": [False, False]}
+    live = np.arange(4_000) != 7
+    for q in rng.standard_normal((4, 128)).astype(np.float32):
+        want = np.sort(1 - x[live] @ q / np.linalg.norm(x[live], axis=1) / np.linalg.norm(q))[:20]
+        for column in "ab":
+            got = t.vector_search(column, q, k=20, nprobe=10_000, rerank=4_000, projection=["n", "score"])
+            assert np.allclose(got.column("score").to_numpy(), want, atol=1e-4)
+            assert 7 not in got.column("n").to_pylist()
+
+
 def test_vector_search_prunes_superfiles_far_from_the_query() -> None:
     """Each superfile holds one tight cluster far from the others: the query's own cluster answers, and the
     centroid-radius bound rules out every other superfile after the first wave."""
