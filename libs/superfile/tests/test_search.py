@@ -26,7 +26,6 @@ from superfile.errors import (
 )
 from superfile.expressions import parse_predicate
 from superfile.format.fulltext import make_analyzer
-from superfile.format.vector_index import VectorIndex
 from superfile.table import search as search_module
 from superfile.table.search import Searcher
 
@@ -309,40 +308,6 @@ def test_a_column_chooses_its_codes_and_both_search_exactly() -> None:
             got = t.vector_search(column, q, k=20, nprobe=10_000, rerank=4_000, projection=["n", "score"])
             assert np.allclose(got.column("score").to_numpy(), want, atol=1e-4)
             assert 7 not in got.column("n").to_pylist()
-
-
-def test_a_filtered_search_reranks_one_pool_for_all_superfiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A filter leaves each of six superfiles more allowed rows than the rerank pool: the best first-pass
-    candidates of all of them are reranked together, ``rerank`` in all (as a union does), not ``rerank`` of
-    each; with a pool as large as the allowed rows the answer is the exact filtered top k."""
-    rng = np.random.default_rng(14)
-    x = rng.standard_normal((12_000, 16)).astype(np.float32)
-    t = fresh("vpool").create_table(
-        "t", pa.schema([("n", pa.int64()), ("v", pa.list_(pa.float32(), 16))]), vector_columns={"v": {"dim": 16}}
-    )
-    for a in range(0, 12_000, 2_000):
-        t.append(
-            pa.table(
-                {"n": np.arange(a, a + 2_000), "v": pa.FixedSizeListArray.from_arrays(x[a : a + 2_000].ravel(), 16)}
-            )
-        )
-    reranked: list[int] = []
-    exact_top = VectorIndex.exact_top
-
-    def counted(self: VectorIndex, q: np.ndarray, pos: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        reranked.append(len(pos))
-        return exact_top(self, q, pos, k)
-
-    monkeypatch.setattr(VectorIndex, "exact_top", counted)
-    allowed = np.flatnonzero(np.arange(12_000) % 4 == 0)
-    unit = x[allowed] / np.linalg.norm(x[allowed], axis=1, keepdims=True)
-    for q in rng.standard_normal((3, 16)).astype(np.float32):
-        reranked.clear()
-        got = t.vector_search("v", q, k=10, where="n % 4 = 0", projection=["n"])
-        assert sum(reranked) == 40 and len(got) == 10  # the default pool (40), once for six superfiles
-        want = allowed[np.argsort(-(unit @ q / np.linalg.norm(q)))[:10]]
-        exact = t.vector_search("v", q, k=10, where="n % 4 = 0", rerank=3_000, projection=["n"])
-        assert exact.column("n").to_pylist() == want.tolist()
 
 
 def test_vector_search_prunes_superfiles_far_from_the_query() -> None:

@@ -226,10 +226,6 @@ class VectorIndex:
     def default_nprobe(self) -> int:
         return self._h.nprobe
 
-    @property
-    def default_rerank(self) -> int:
-        return self._h.rerank
-
     def search(
         self,
         query: npt.ArrayLike,
@@ -246,26 +242,9 @@ class VectorIndex:
         ``nprobe`` (IVF lists to scan at least) is ignored by HNSW; ``rerank`` is the
         number of candidates rescored exactly (for HNSW also the search breadth).
         """
-        q, pos, _ = self.candidates(query, k, nprobe=nprobe, rerank=rerank, allow=allow)
-        return self.exact_top(q, pos, k)
-
-    def candidates(
-        self,
-        query: npt.ArrayLike,
-        k: int,
-        *,
-        nprobe: int | None = None,
-        rerank: int | None = None,
-        allow: AbstractBitMap | None = None,
-    ) -> tuple[_Floats, _Ints, npt.NDArray[np.float64]]:
-        """What :meth:`search` reranks: the prepared query, the stored positions it picked and their first-pass
-        keys, which compare across indexes (``-q.x``, or ``|x|^2 - 2 q.x`` for l2; ``-inf`` for positions
-        taken without a first pass). A search over many indexes can pool their candidates and rerank the
-        best of them all (:meth:`exact_top`), as a union does, instead of ``rerank`` of each."""
         q = self.prepare_query(query)
         k, nprobe, rerank = self._knobs(k, nprobe, rerank)
-        pos, keys = self._candidates(q, k, nprobe, rerank, self._filter(allow))
-        return q, pos, keys
+        return self._search(q, k, nprobe, rerank, self._filter(allow))
 
     def vectors(self, rows: npt.ArrayLike) -> _Floats:
         """The original float32 vectors of these row offsets, shape (len(rows), dim)."""
@@ -335,9 +314,9 @@ class VectorIndex:
         pos = self._row_pos[rows].astype(np.int64) if self.kind == "ivf" else rows.astype(np.int64)
         return _Filter(pos, n)
 
-    def _candidates(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> _Candidates:
+    def _search(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
         if k == 0 or self.num_rows == 0 or (flt is not None and flt.m == 0):
-            return np.empty(0, np.int64), np.empty(0, np.float64)
+            return np.empty(0, np.int64), np.empty(0, np.float32)
         # few candidate rows (a selective filter, or a tiny file): scanning them all is cheaper
         # than probing, and exact where a small HNSW graph can miss rows
         if (self.num_rows if flt is None else flt.m) <= self._brute_limit(nprobe, rerank):
@@ -352,11 +331,11 @@ class VectorIndex:
             return max(4 * rerank, int(_HNSW_BRUTE_PER_SQRT_N * math.sqrt(self.num_rows * 384 / self.dim)))
         return int(_IVF_BRUTE_FACTOR * nprobe * self.num_rows / max(self.nlist, 1))
 
-    def _brute(self, q: _Floats, k: int, pos: _Ints, rerank: int) -> _Candidates:
-        """Scan the allowed rows themselves: the int8 first pass (IVF only) picks the ``rerank`` best."""
+    def _brute(self, q: _Floats, k: int, pos: _Ints, rerank: int) -> tuple[_Ints, _Floats]:
+        """Scan the allowed rows themselves: int8 first pass (IVF only), then exact rerank."""
         want = max(rerank, k)
         if self.kind == "ivf" and len(pos) > want:
-            q8, step, offset = self._query_codes(q)
+            q8, qscale = self._quantized_query(q)
             packed = nk.dots_pack(q8)
             dots = np.empty(len(pos), dtype=np.int32)
             buf = np.empty((min(len(pos), _GATHER_CHUNK), self._codes.shape[1]), dtype=np.int8)
@@ -364,14 +343,11 @@ class VectorIndex:
                 chunk = pos[s : s + _GATHER_CHUNK]
                 rows = np.take(self._codes, chunk, axis=0, out=buf[: len(chunk)], mode="clip")
                 dots[s : s + len(chunk)] = np.asarray(nk.dots_packed(rows, packed)).reshape(-1)
-            keys = self._keys(dots, step, offset, pos)
-            keep = smallest(keys, want)
-            return pos[keep], keys[keep]
-        return pos, np.full(len(pos), -np.inf)
+            pos = pos[smallest(self._keys(dots, qscale, pos), want)]
+        return self._rerank(q, pos, k)
 
-    def exact_top(self, q: _Floats, pos: _Ints, k: int) -> tuple[_Ints, _Floats]:
-        """Exact float32 distances of the prepared query ``q`` to stored positions ``pos`` (from
-        :meth:`candidates`): the k nearest as (row offsets, distances), by (distance, row)."""
+    def _rerank(self, q: _Floats, pos: _Ints, k: int) -> tuple[_Ints, _Floats]:
+        """Exact float32 distances for stored positions ``pos``; top k by (distance, row)."""
         dist = np.empty(len(pos), dtype=np.float32)
         for s in range(0, len(pos), _GATHER_CHUNK):  # chunks stay in cache, unlike one big gather
             chunk = pos[s : s + _GATHER_CHUNK]
@@ -383,18 +359,19 @@ class VectorIndex:
         order = keep[np.lexsort((rows[keep], dist[keep]))]
         return rows[order], dist[order]
 
-    def _keys(self, dots: npt.NDArray[Any], step: float, offset: float, pos: _Ints) -> npt.NDArray[np.float64]:
-        """First-pass keys from the codes' dot products: ``-q.x`` (cosine codes are of unit vectors), ``|x|^2 -
-        2 q.x`` for l2 (``|q|^2`` is the same for every row), on the scale of every index."""
-        qx = step * dots.astype(np.float64) + offset
-        return self._norms2[pos] - 2.0 * qx if self.metric == "l2" else -qx
+    def _keys(self, dots: npt.NDArray[Any], qscale: float, pos: _Ints) -> npt.NDArray[np.float64]:
+        if self.metric == "l2":  # |x|^2 - 2 x.q; |q|^2 is the same for every row
+            return self._norms2[pos] - (2.0 * qscale) * dots
+        return -dots.astype(np.float64)  # cosine codes are of unit vectors: dot ranks them
 
-    def _query_codes(self, q: _Floats) -> tuple[npt.NDArray[np.int8], float, float]:
+    def _quantized_query(self, q: _Floats) -> tuple[npt.NDArray[np.int8], float]:
+        """The query in the codes' space as int8, and its step (the offset, one for every row, ranks nothing)."""
         lists = self.ivf_lists
         assert lists is not None
-        return lists.query_codes(q)
+        q8, step, _ = lists.query_codes(q)
+        return q8, step
 
-    def _ivf_search(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> _Candidates:
+    def _ivf_search(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
         offsets = self._offsets
         # |q - c|^2 - |q|^2 (l2; dot in its augmented space), -2 q.c for unit centroids (cosine)
         order = np.argsort(self._bias - 2.0 * (self._lists @ q), kind="stable")
@@ -418,7 +395,7 @@ class VectorIndex:
         starts = offsets[probes]
         sizes = offsets[probes + 1] - starts
         total = int(sizes.sum())
-        q8, step, offset = self._query_codes(q)
+        q8, qscale = self._quantized_query(q)
         packed = nk.dots_pack(q8)
         out = nk.empty((self.num_rows, 1), dtype="int32")  # uninitialised: only probed rows are read
         breaks = np.flatnonzero(starts[1:] != starts[:-1] + sizes[:-1]) + 1
@@ -428,22 +405,20 @@ class VectorIndex:
                 nk.dots_packed(self._codes, packed, out=out, start_row=s, end_row=e)
         ends = np.cumsum(sizes)
         pos = np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - sizes), sizes)
-        keys = self._keys(np.asarray(out).reshape(-1)[pos], step, offset, pos)
+        keys = self._keys(np.asarray(out).reshape(-1)[pos], qscale, pos)
         if flt is not None:
             allowed = flt.mask[pos]
             keys, pos = keys[allowed], pos[allowed]
         if len(pos) > want:
-            keep = smallest(keys, want)
-            pos, keys = pos[keep], keys[keep]
-        return pos, keys
+            pos = pos[smallest(keys, want)]
+        return self._rerank(q, pos, k)
 
-    def _hnsw_search(self, q: _Floats, k: int, rerank: int, flt: _Filter | None) -> _Candidates:
-        """Graph results (no first-pass keys: ``-inf``)."""
+    def _hnsw_search(self, q: _Floats, k: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
         assert self._hnsw is not None
         n, want = self.num_rows, max(rerank, k)
         if flt is None:
             keys = self._hnsw.search(q, want).keys.astype(np.int64)
-            return keys, np.full(len(keys), -np.inf)
+            return self._rerank(q, keys, k)
         # the top k allowed rows sit among the nearest ~k*n/m rows: oversample by the inverse
         # selectivity, widening until k allowed rows came back; a filter that excludes the
         # query's neighbourhood ends in a direct scan once that is the cheaper of the two
@@ -452,7 +427,7 @@ class VectorIndex:
             keys = self._hnsw.search(q, count).keys.astype(np.int64)
             keys = keys[flt.mask[keys]]
             if len(keys) >= k or count >= n:
-                return keys, np.full(len(keys), -np.inf)
+                return self._rerank(q, keys, k)
             count *= 4
             if count * _HNSW_VISIT_COST >= flt.m or count >= n:
                 return self._brute(q, k, flt.pos, rerank)
@@ -479,9 +454,6 @@ _HNSW_OVERSAMPLE: Final = 2.0
 _HNSW_VISIT_COST: Final = 16  # a graph candidate costs about as much as scanning this many rows
 _GATHER_CHUNK: Final = 1024  # rows per gather when scanning scattered rows
 _FILTER_EXPONENT: Final = 0.75
-
-
-_Candidates = tuple[_Ints, npt.NDArray[np.float64]]  # stored positions to rerank, their first-pass keys
 
 
 class _Filter:

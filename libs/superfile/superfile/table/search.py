@@ -46,7 +46,6 @@ from superfile.format.fulltext import (
     make_analyzer,
 )
 from superfile.format.fulltext_union import PaddedUnion, UnionIndex, UnionText, union_of, union_text
-from superfile.format.vector_index import VectorIndex, smallest
 from superfile.format.vector_union import VectorUnion
 from superfile.manifest.model import SuperfileEntry
 from superfile.pools import search_pool, searching
@@ -220,40 +219,6 @@ class _Hits:
     entry: SuperfileEntry
     offsets: np.ndarray
     scores: np.ndarray | None
-
-
-@dataclass
-class _Candidates:
-    """What one superfile's vector index would rerank (``VectorIndex.candidates``): pooled with the others'."""
-
-    entry: SuperfileEntry
-    index: VectorIndex
-    query: np.ndarray
-    positions: np.ndarray
-    keys: np.ndarray
-
-
-def _pooled(found: list[_Hits | _Candidates], k: int, rerank: int | None) -> list[_Hits]:
-    """The superfiles' candidates reranked together: the ``rerank`` best first-pass keys of them all (default:
-    the largest of their indexes' own), as a union does, and every candidate taken without a first pass. A
-    filter that leaves each of 16 superfiles a few hundred rows reranks one pool, not 16."""
-    pools = [f for f in found if isinstance(f, _Candidates)]
-    hits = [f for f in found if isinstance(f, _Hits)]
-    if not pools:
-        return hits
-    keys = np.concatenate([p.keys for p in pools])
-    unscored = int(np.isneginf(keys).sum())  # -inf sorts first: every one of them is kept
-    want = max(rerank or max(p.index.default_rerank for p in pools), k, unscored)
-    chosen = np.zeros(len(keys), np.bool_)
-    chosen[smallest(keys, want)] = True
-    at = 0
-    for p in pools:
-        keep = chosen[at : at + len(p.keys)]
-        at += len(p.keys)
-        if keep.any():
-            rows, dist = p.index.exact_top(p.query, p.positions[keep], k)
-            hits.append(_Hits(p.entry, np.asarray(rows, np.int64), np.asarray(dist, np.float32)))
-    return hits
 
 
 def _check_k(k: object) -> int:
@@ -948,7 +913,7 @@ class Searcher:
         metric = self.options.vector_columns[column].metric
         entries, bound = _route(entries, self._summaries(column), q, metric)
 
-        def one(e: SuperfileEntry) -> _Hits | _Candidates:
+        def one(e: SuperfileEntry) -> _Hits:
             allow = self._allowed(e, tf, predicate, where)
             if allow is not None and not len(allow):
                 return _Hits(e, np.zeros(0, np.int64), np.zeros(0, np.float32))
@@ -957,8 +922,8 @@ class Searcher:
                 found, vectors = reader.vector_rows(column, allow)
                 rows, dist = nearest(found, vectors, _unit(q, metric), metric, k)
                 return _Hits(e, rows, dist)
-            index = reader.vector_index(column)
-            return _Candidates(e, index, *index.candidates(q, k, nprobe=nprobe, rerank=rerank, allow=allow))
+            rows, dist = reader.vector_index(column).search(q, k, nprobe=nprobe, rerank=rerank, allow=allow)
+            return _Hits(e, np.asarray(rows, np.int64), np.asarray(dist, np.float32))
 
         # filtered, the kernel scans the allowed rows in native code without the GIL, so the pool pays off
         # (10% of 1M rows allowed: 11.0 ms on the pool, 15.6 ms inline)
@@ -969,10 +934,10 @@ class Searcher:
 
         def search(batch: list[SuperfileEntry]) -> list[_Hits]:
             if union is None:
-                return _pooled(run(one, batch), k, rerank)
+                return run(one, batch)
             inside = [part_of[e.path] for e in batch if e.path in part_of]
             found = [_Hits(members[p], r, d) for p, r, d in union.top(q, k, inside, nprobe=nprobe, rerank=rerank)]
-            return found + _pooled(run(one, [e for e in batch if e.path not in part_of]), k, rerank)
+            return found + run(one, [e for e in batch if e.path not in part_of])
 
         # Two waves: the nearest quarter, then what its k-th distance cannot rule out; one wave if no bound is
         # above 0 (q within every superfile's radius), when nothing can be ruled out. Each wave costs ~0.3 ms
