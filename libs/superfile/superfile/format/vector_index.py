@@ -830,7 +830,7 @@ def _parse(mv: memoryview) -> tuple[_HeaderFields, dict[bytes, memoryview]]:
     code_dim = dim
     if b"PROJ" in sections:
         code_dim, rest = divmod(len(sections[b"PROJ"]), 4 * dim)
-        if version < 2 or kinds[kind_code] != "ivf" or rest or not 0 < code_dim < dim or b"PMEA" not in sections:
+        if version < 2 or kinds[kind_code] != "ivf" or rest or not 0 < code_dim < dim:  # PMEA: required below
             raise corrupt("has a malformed principal-component projection")
     h = _HeaderFields(kinds[kind_code], metrics[metric_code], dim, n, nlist, radius, nprobe, rerank, code_dim)
     expected = _expected_sizes(h)
