@@ -20,7 +20,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search_bench
-import superfile
 
 
 def main() -> None:
@@ -29,13 +28,10 @@ def main() -> None:
     p.add_argument("--levels", default=",".join(str(x) for x in search_bench.FILTER_LEVELS))
     args = p.parse_args()
     cache = Path(args.cache)
-    table = superfile.connect(f"file://{cache / 'superfile'}").open_table("bench")
-    ids = table.to_arrow(columns=["_id", "doc_id"])
-    doc_of = np.full(int(ids["_id"].to_numpy().max()) + 1, -1, np.int64)
-    doc_of[ids["_id"].to_numpy()] = ids["doc_id"].to_numpy()
-    vectors = search_bench.query_vectors(search_bench.queries())
+    bench = search_bench.Superfile(cache, search_bench.queries())  # the table, its _id -> doc_id, the queries
+    table, doc_of, vectors = bench.t, bench.id2doc, bench.vectors
     truth = np.load(cache / "ground_truth_filtered.npz")
-    print(f"library: {Path(superfile.__file__).parent}")
+    print(f"library: {bench.stats['library']}")
     for level in (float(x) for x in args.levels.split(",")):
         where = search_bench.where_clause(level)
         for v in vectors:
