@@ -124,6 +124,43 @@ def test_concurrent_opens_fetch_once(s3_table: tuple[str, pa.Table], tmp_path: P
     assert Path(paths[0]).read_bytes() == storage.read(key)
 
 
+def test_copies_arriving_at_once_are_mapped_and_the_last_one_stays(tmp_path: Path) -> None:
+    """Each arrival makes room by evicting the others. Four downloads finishing together must neither evict a
+    copy before its reader maps it (the reader would fall back to memory, the CI failure of stop 41) nor each
+    evict the rest, leaving none: every reader gets its mapping, and one copy stays within a budget of one."""
+    storage = from_uri(f"memory://{uuid.uuid4().hex}")
+    blobs = {f"k{i}": os.urandom(1000 + i) for i in range(4)}
+    for key, blob in blobs.items():
+        storage.write(key, blob)
+    cache = DiskCache(str(tmp_path / "superfiles"), 1)
+    together = threading.Barrier(len(blobs), timeout=30)
+    read = storage.read
+
+    def read_together(key: str) -> bytes:
+        data = read(key)
+        together.wait()  # every download finishes at once
+        return data
+
+    storage.read = read_together  # type: ignore[method-assign]
+    opened: dict[str, bytes] = {}
+
+    def open_one(key: str) -> None:
+        _, mapped = cache.open(storage, key, len(blobs[key]))
+        opened[key] = mapped.to_pybytes()
+
+    for _ in range(5):  # bounded: each round races four arrivals
+        for path in _copies(tmp_path):
+            path.unlink()
+        opened.clear()
+        threads = [threading.Thread(target=open_one, args=(key,)) for key in blobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert opened == blobs
+        assert len(_copies(tmp_path)) == 1
+
+
 def test_local_and_memory_tables_and_a_zero_budget_use_no_cache(s3_table: tuple[str, pa.Table], tmp_path: Path) -> None:
     uri, rows = s3_table
     off = superfile.connect(uri, cache_dir=str(tmp_path), cache_budget_bytes=0)
@@ -193,9 +230,9 @@ def test_a_copy_checked_while_an_eviction_lists_keeps_its_check(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Each download ends in an eviction pass, which lists the directory and then forgets the checks of the
-    copies that are gone. A copy that arrived and was checked by another thread after that listing is not gone:
-    it keeps its check, so its next reopen is not checked whole again (a race seen in CI: four superfiles opened
-    by two threads, one of them reopened and hashed whole)."""
+    copies that are gone. A copy that arrived (from another process) and was checked by a thread here after that
+    listing is not gone: it keeps its check, so its next reopen is not checked whole again (a race seen in CI:
+    four superfiles opened by two threads, one of them reopened and hashed whole)."""
     import superfile.io.cache as cache_module
 
     storage = from_uri(f"memory://{uuid.uuid4().hex}")
@@ -210,7 +247,8 @@ def test_a_copy_checked_while_an_eviction_lists_keeps_its_check(
     def scandir(path: str) -> list[os.DirEntry[str]]:
         entries = list(listed(path))
         monkeypatch.setattr(cache_module.os, "scandir", listed)
-        cache.mark_verified(cache.fetch(storage, "b", 100))  # another thread, after the listing
+        Path(cache.path(storage, "b")).write_bytes(storage.read("b"))  # another process, after the listing ...
+        cache.mark_verified(cache.fetch(storage, "b", 100))  # ... and a thread here opens and checks it
         return entries
 
     a = cache.fetch(storage, "a", 100)

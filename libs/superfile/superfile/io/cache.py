@@ -10,7 +10,8 @@ its object's full URI. It is written under a temporary name and renamed into pla
 whole copy or none. The directory is bounded by a byte budget: after each fetch the least recently used
 copies (by modification time, which every use refreshes) are removed until the rest fit. Removing a copy
 that a reader still has mapped is safe: the mapping keeps its pages until the reader is gone, so eviction
-only ever costs a fetch.
+only ever costs a fetch. A reader therefore gets its copy mapped (:meth:`DiskCache.open`) before the copy's
+arrival makes room, and copies arriving at once in one process do not evict each other.
 
 A reader that does not verify checksums (``verify_checksums=False``, the spec's trade of that guarantee
 for faster cold opens) does not wait for a cold copy: :meth:`DiskCache.open_filling` maps a sparse file of
@@ -102,6 +103,8 @@ class DiskCache:
         self.prefetch = True  # fill a copy opened by open_filling in the background (else only what is read)
         self.ranged_bytes = 0  # bytes fetched by ranged reads for readers of filling copies
         self._verified: dict[str, tuple[int, int]] = {}  # copies checked whole here: path -> (inode, size)
+        self._arriving: set[str] = set()  # copies put in place whose arrival has not yet made room
+        self._evicting = threading.Lock()  # one eviction at a time: concurrent ones would each remove room
 
     def path(self, storage: Storage, key: str) -> str:
         """Where the copy of ``key`` in ``storage`` lives (whether or not it is there)."""
@@ -113,16 +116,44 @@ class DiskCache:
 
     def fetch(self, storage: Storage, key: str, size: int) -> str:
         """A local path holding the ``size`` bytes of ``key``: the copy already here, or a new one."""
+        local, new = self._get(storage, key, size)
+        if new:
+            self.arrived(local)
+        return local
+
+    def open(self, storage: Storage, key: str, size: int) -> tuple[str, pa.Buffer]:
+        """The copy of ``key`` (fetched unless here) and a mapping of it. A new copy is mapped before its
+        arrival makes room, and a copy evicted between being found and being mapped is fetched again: the
+        reader gets a mapping, never a path that is gone (a mapping outlives its file)."""
+        tries = 3
+        while True:
+            local, new = self._get(storage, key, size)
+            try:
+                mapped = self.map(local)
+            except FileNotFoundError:  # another process evicted it meanwhile
+                if new:
+                    self._landed(local)
+                tries -= 1
+                if tries == 0:
+                    raise
+                continue
+            if new:
+                self.arrived(local)
+            return local, mapped
+
+    def _get(self, storage: Storage, key: str, size: int) -> tuple[str, bool]:
+        """The path of ``key``'s copy and whether this call downloaded it (then it is :meth:`arrived` by the
+        caller, and until then no eviction in this process removes it)."""
         local = self.path(storage, key)
         if self._use(local):
             with self._guard:
                 self.hits += 1
-            return local
+            return local, False
         with self._guard:
             lock = self._fetching.setdefault(local, threading.Lock())
         with lock:  # one download per copy, however many threads open it at once
             if self._use(local):
-                return local
+                return local, False
             part = f"{local}.{uuid.uuid4().hex}{_PART}"
             try:
                 with open(part, "wb") as out:
@@ -131,7 +162,7 @@ class DiskCache:
                     else:
                         for offset in range(0, size, _CHUNK):
                             out.write(storage.read_range(key, offset, min(_CHUNK, size - offset)))
-                os.replace(part, local)
+                self.put_in_place(part, local)
                 with self._guard:
                     self.fetched_bytes += size
             finally:
@@ -139,17 +170,34 @@ class DiskCache:
                     os.unlink(part)
                 with self._guard:  # later openers find the copy (or, after a failure, try again)
                     self._fetching.pop(local, None)
-        self.arrived(local)
-        return local
+        return local, True
+
+    def put_in_place(self, part: str, local: str) -> None:
+        """Rename a whole temporary copy into place, keeping it from this process's evictions until its
+        :meth:`arrived`: two copies arriving at once must not each evict the other."""
+        with self._guard:
+            self._arriving.add(local)
+        try:
+            os.replace(part, local)
+        except BaseException:
+            self._landed(local)
+            raise
 
     def arrived(self, local: str) -> None:
-        """A whole copy was just put in place (by :meth:`fetch`, or a filling copy renamed into place): count
-        it, record its use, and make room for it."""
+        """A whole copy was just put in place (by :meth:`put_in_place`): count it, record its use, and make
+        room for it."""
         with self._guard:
             self.fetches += 1
             self._touched[local] = time.monotonic()
             self._verified.pop(local, None)
-        self.evict(keep=local)
+        try:
+            self.evict(keep=local)
+        finally:
+            self._landed(local)
+
+    def _landed(self, local: str) -> None:
+        with self._guard:
+            self._arriving.discard(local)
 
     def count_ranged(self, nbytes: int) -> None:
         """Count bytes a ranged read fetched for a reader of a filling copy (``ranged_bytes``)."""
@@ -183,7 +231,13 @@ class DiskCache:
                 self._verified[local] = identity
 
     def evict(self, keep: str | None = None) -> None:
-        """Remove the least recently used copies until the rest fit the budget (``keep`` stays)."""
+        """Remove the least recently used copies until the rest fit the budget (``keep``, and copies this
+        process is still putting in place, stay). One at a time in a process: each sees what the last removed,
+        so concurrent arrivals remove no more than the budget needs and the last to arrive stays."""
+        with self._evicting:
+            self._evict(keep)
+
+    def _evict(self, keep: str | None) -> None:
         copies: list[tuple[float, int, str]] = []
         with self._guard:
             known = set(self._touched) | set(self._verified)
@@ -199,10 +253,12 @@ class DiskCache:
                         os.unlink(entry.path)
                 continue
             copies.append((st.st_mtime, st.st_size, entry.path))
+        with self._guard:  # after the listing: a copy put in place before it is arriving by now, or has landed
+            spared = self._arriving | {keep}
         total = sum(size for _, size, _ in copies)
         removed = []
         for _, size, path in sorted(copies):  # least recently used first
-            if path == keep or total <= self.budget_bytes:
+            if path in spared or total <= self.budget_bytes:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -344,7 +400,7 @@ class _Filling:
                 gaps = [b for b, present in enumerate(self._present) if not present]
             for start, end in _runs(gaps, most=_CHUNK // _BLOCK):
                 self._fetch(start, end, ranged=False)
-            os.replace(self.part, self.local)
+            self.cache.put_in_place(self.part, self.local)
         except Exception as e:  # readers still fetch what they need; the copy is not kept
             log.warning("disk cache: filling %s failed (%s); it is read by ranges only", self.key, e)
             with contextlib.suppress(FileNotFoundError):

@@ -326,11 +326,12 @@ class TableFiles:
             reader.on_grow = functools.partial(self._readers.charge, key)  # no cycle: freed once evicted and unused
             return reader
 
-        def from_copy(cache: DiskCache, local: str) -> SuperfileReader:
+        def from_copy(cache: DiskCache) -> SuperfileReader:
             """A reader of a whole local copy, checked whole only the first time this process opens it (the
             footer, against the manifest, every time: ``DiskCache.verified``)."""
+            local, mapped = cache.open(self.storage, entry.path, entry.size)
             check = self.verify and not cache.verified(local)
-            reader = opened(cache.map(local), verify=check)
+            reader = opened(mapped, verify=check)
             if check:
                 cache.mark_verified(local)
             return reader
@@ -347,10 +348,10 @@ class TableFiles:
                     # nothing to check whole: read the ranges a query needs while the copy downloads
                     return opened(*cache.open_filling(self.storage, entry.path, entry.size))
                 try:
-                    return from_copy(cache, cache.fetch(self.storage, entry.path, entry.size))
+                    return from_copy(cache)
                 except CorruptSuperfileError:  # a damaged local copy: fetch it once more (the object may be fine)
                     cache.discard(self.storage, entry.path)
-                    return from_copy(cache, cache.fetch(self.storage, entry.path, entry.size))
+                    return from_copy(cache)
             except OSError as e:  # the cache directory cannot take it (full, removed): read it as without a cache
                 log.warning("disk cache %s: %s; reading %s into memory", cache.directory, e, entry.path)
                 return opened(self.storage.read(entry.path))
