@@ -24,7 +24,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap, FrozenBitMap
 from superfile.errors import CorruptSuperfileError, InvalidOptionError, InvalidVectorError, VectorDimensionError
-from superfile.format.vector_index import METRICS, VectorIndex, VectorIndexParams, build_vector_index
+from superfile.format.vector_index import (
+    METRICS,
+    VectorIndex,
+    VectorIndexParams,
+    build_vector_blob,
+    build_vector_index,
+)
 
 # optional real data outside the repository: a fresh clone and CI do not have it
 VASWANI = Path(os.environ["SUPERFILE_DATA"]) / "vaswani" if os.environ.get("SUPERFILE_DATA") else None
@@ -195,6 +201,27 @@ def test_from_buffer_does_not_copy() -> None:
     base = np.frombuffer(memoryview(buf), dtype=np.uint8)
     assert np.shares_memory(index._vecs, base) and np.shares_memory(index._codes, base)
     assert not np.shares_memory(index.vectors(np.arange(3)), base)  # what callers get is their own
+
+
+@pytest.mark.parametrize("base", [0, 1, 13, 64, 1001])
+def test_a_blob_aligns_its_sections_where_it_is_placed(base: int) -> None:
+    """Inside a superfile a blob starts at whatever offset the data before it ends at; written for that offset,
+    its sections start 64-byte aligned in the file, so the views of a mapped file are aligned (numpy then
+    multiplies them with BLAS), and the blob searches as one written for offset 0."""
+    x = low_rank(4000, 128, rank=24, seed=5)  # reduced codes: the projection and mean sections too
+    placed = build_vector_blob(x, "l2")(base)
+    memory = np.zeros(len(placed) + base + 64, np.uint8)
+    start = -memory.ctypes.data % 64 + base  # the "file" starts 64-byte aligned, the blob at `base` in it
+    memory[start : start + len(placed)] = np.frombuffer(placed, np.uint8)
+    index = VectorIndex.from_buffer(memoryview(memory)[start : start + len(placed)])
+    ivf = index.ivf_lists
+    assert ivf is not None and ivf.proj is not None and ivf.mean is not None
+    for name in ("centroids", "bias", "scale", "mean", "proj", "vectors", "norms"):
+        assert getattr(ivf, name).ctypes.data % 64 == 0, name
+    reference = VectorIndex.from_buffer(build_vector_index(x, "l2"))
+    for q in x[:5] + 0.01:
+        got, want = index.search(q, 10), reference.search(q, 10)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
 def test_unaligned_blob_searches_as_fast_as_aligned() -> None:

@@ -51,7 +51,7 @@ from superfile.format.layout import (
     vec_section,
 )
 from superfile.format.scalar_index import KINDS, prepare_scalar_index
-from superfile.format.vector_index import build_vector_index
+from superfile.format.vector_index import build_vector_blob
 
 __all__ = ["ID_COLUMN", "build_superfile"]
 
@@ -77,7 +77,7 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
     share no state (``work_dir`` holds temporary index directories).
     """
     _validate(data, spec)
-    # a blob is bytes, or a function of its absolute file offset (scalar indexes align their arrays to it)
+    # a blob is bytes, or a function of its absolute file offset (index blobs align their arrays to it)
     blobs: list[tuple[dict[str, object], bytes | Callable[[int], bytes]]] = []
     terms: dict[str, list[str]] = {}
     fts_stats: dict[str, tuple[int, int]] = {}
@@ -242,7 +242,9 @@ def _entry(section: Section, info: dict[str, object]) -> dict[str, object]:
     }
 
 
-def _vector_blob(column: pa.ChunkedArray, name: str, vspec: VectorColumnSpec) -> tuple[dict[str, object], bytes]:
+def _vector_blob(
+    column: pa.ChunkedArray, name: str, vspec: VectorColumnSpec
+) -> tuple[dict[str, object], Callable[[int], bytes]]:
     """The vector index blob of one column: non-null, ``dim`` floats each (the index checks values)."""
     arr = cast(pa.FixedSizeListArray, column.combine_chunks())
     if not pa.types.is_fixed_size_list(arr.type) or not pa.types.is_floating(arr.type.value_type):
@@ -264,7 +266,7 @@ def _vector_blob(column: pa.ChunkedArray, name: str, vspec: VectorColumnSpec) ->
         "metric": vspec.metric,
         "params": asdict(params) if params is not None else None,
     }
-    return info, build_vector_index(vectors, vspec.metric, params)
+    return info, build_vector_blob(vectors, vspec.metric, params)
 
 
 def _validate(data: pa.Table, spec: SuperfileSpec) -> None:
