@@ -126,7 +126,7 @@ def test_concurrent_opens_fetch_once(s3_table: tuple[str, pa.Table], tmp_path: P
 
 def test_copies_arriving_at_once_are_mapped_and_the_last_one_stays(tmp_path: Path) -> None:
     """Each arrival makes room by evicting the others. Four downloads finishing together must neither evict a
-    copy before its reader maps it (the reader would fall back to memory, the CI failure of stop 41) nor each
+    copy before its reader maps it (the reader would fall back to memory, as seen in CI) nor each
     evict the rest, leaving none: every reader gets its mapping, and one copy stays within a budget of one."""
     storage = from_uri(f"memory://{uuid.uuid4().hex}")
     blobs = {f"k{i}": os.urandom(1000 + i) for i in range(4)}
