@@ -20,13 +20,12 @@ layout and the measurements behind the defaults are in ``docs/vector-index.md``.
 
 from __future__ import annotations
 
-import functools
 import math
 import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, Final, cast
 
 import numkong as nk
@@ -147,7 +146,7 @@ def build_vector_blob(
         rerank = params.rerank or _HNSW_RERANK
         sections = _build_hnsw(x, geo, norms, metric, params)
     header = _HeaderFields(params.kind, metric, dim, n, nlist, radius, nprobe, rerank, code_dim)
-    return functools.partial(_pack, header, [(b"SUMM", centroid), *sections])
+    return partial(_pack, header, [(b"SUMM", centroid), *sections])
 
 
 @dataclass(frozen=True)
