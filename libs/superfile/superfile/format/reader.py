@@ -52,9 +52,6 @@ READ_WHOLE_BYTES = 64 * 1024
 READER_OVERHEAD = 8 * 1024
 FOOTER_FACTOR = 9
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-# What reading one page costs beside its bytes (a header parse, a decompression call, the Python around them),
-# in bytes of whole-chunk decoding that take as long: pages are read only when they cost at most half the chunks
-_PAGE_COST_BYTES = 16 * 1024
 
 
 class SuperfileReader:
@@ -231,13 +228,13 @@ class SuperfileReader:
             return self._pq_meta.schema.to_arrow_schema().empty_table().select(cols)
         if offsets.min() < 0 or offsets.max() >= self.num_rows:
             raise IndexError(f"{self.name}: row offsets must be in [0, {self.num_rows})")
-        group = np.searchsorted(self._rg_starts, offsets, side="right") - 1
-        needed = np.unique(group)
-        local = offsets - self._rg_starts[group]
-        paged = {c: self._by_pages(self._leaves[c][0], group, local, needed) for c in cols if len(self._leaves[c]) == 1}
+        paged = {c: self._by_pages(self._leaves[c][0], offsets) for c in cols if len(self._leaves[c]) == 1}
         whole = [i for c in cols if paged.get(c) is None for i in self._leaves[c]]
         table: pa.Table | None = None
         if whole:
+            group = np.searchsorted(self._rg_starts, offsets, side="right") - 1
+            needed = np.unique(group)
+            local = offsets - self._rg_starts[group]
             sizes = np.diff(self._rg_starts)[needed]
             base = np.zeros(len(self._rg_starts) - 1, np.int64)
             base[needed] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -259,24 +256,11 @@ class SuperfileReader:
             arrays, schema=pa.schema([schema.field(c) for c in cols]).with_metadata(schema.metadata)
         )
 
-    def _by_pages(self, leaf: int, group: np.ndarray, local: np.ndarray, needed: np.ndarray) -> pa.Array | None:
-        """Leaf column ``leaf`` at the rows (``group``, ``local``) decoded from only the pages holding them,
-        when its chunks can be read by pages and those pages cost at most half of decoding the chunks whole
-        (``format/pages.py``); else None."""
-        if self._pages.column(leaf) is None:
-            return None
+    def _by_pages(self, leaf: int, rows: np.ndarray) -> pa.Array | None:
+        """Leaf column ``leaf`` at file rows ``rows`` decoded from only the pages holding them, when it can be read
+        by pages and that saves decoding (``format/pages.py``); else None."""
         try:
-            part = whole = 0
-            for g in needed.tolist():
-                chunk = self._pages.chunk(g, leaf)
-                if chunk is None:
-                    return None
-                pages = np.unique(chunk.page_of(local[group == g]))
-                part += chunk.decoded_bytes(pages) + len(pages) * _PAGE_COST_BYTES
-                whole += chunk.uncompressed
-            if 2 * part > whole:
-                return None
-            return self._pages.read(group, local, leaf)
+            return self._pages.read(rows, leaf, decode_pool())
         except (ValueError, IndexError, KeyError, TypeError, struct.error, pa.ArrowException) as e:
             column = self._pq_meta.schema.column(leaf).path
             raise CorruptSuperfileError(self.name, f"the pages of column {column!r} do not decode: {e!r}") from None

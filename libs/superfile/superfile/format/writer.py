@@ -57,13 +57,11 @@ __all__ = ["ID_COLUMN", "build_superfile"]
 
 ID_COLUMN = "_id"
 _MIN_GROUP_ROWS = 1024  # below this, footers grow (statistics per group and column) for no read benefit
-# Parquet data pages of about 64 KiB, a page size checked every 512 rows: a read of a few rows decodes only their
-# pages (format/pages.py). Measured on 62,500 rows of ~400-byte texts (docs/format.md, "Parquet part"): against
-# pyarrow's 1 MiB and 1,024 rows, 10 rows read by page in 2.7 ms instead of 4.4 (1,024 rows a page), the text
-# column 2.3% larger and its scan 8% slower; at 256 rows 2.1 ms, +4.4% and +20%. Narrow columns do not change
-# (their pages fill 64 KiB first). max_rows_per_page would cut narrow columns' pages too: ints scanned 3-10x slower
-_DATA_PAGE_BYTES = 64 * 1024
-_WRITE_BATCH_ROWS = 512
+# Parquet data pages of about 4 KiB, a page size checked every 32 rows: a read of a few rows decodes only their
+# pages (format/pages.py), so a page is what one row costs to fetch. Small pages pay off with LZ4 (the default
+# codec), whose per-page cost is small; zstd sets up a decoder per page, ~10 us (docs/format.md, "Parquet part")
+_DATA_PAGE_BYTES = 4 * 1024
+_WRITE_BATCH_ROWS = 32
 # Section-directory values known only once pyarrow has written the page index: same width as the 20-digit
 # numbers that replace them (the footer's length must not change)
 _PENDING = {key: f"@{key}@".ljust(20, "@") for key in ("length", "crc32", "blob_region_length")}
