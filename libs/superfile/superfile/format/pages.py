@@ -19,10 +19,10 @@ footer and the offset index is read and written by the few lines below.
 
 A column is read this way when it is a flat top-level leaf without a
 dictionary, pyarrow reads its lone schema element back as the column's type (or
-a type that casts to it exactly: large strings, a time zone), every chunk has
-an offset index, and its pages cost at most half of decoding the row groups
-whole; otherwise :meth:`PageReads.read` answers None and the caller decodes the
-row groups.
+a type that casts to it exactly: large strings, a time zone, a duration), every chunk has
+an offset index, and the pages holding the rows are under 4/5 of their row
+groups' pages; otherwise :meth:`PageReads.read` answers None and the caller
+decodes the row groups. See docs/format.md, "Point reads by page".
 """
 
 from __future__ import annotations
@@ -265,8 +265,10 @@ class PageReads:
         alone = pq.read_schema(pa.BufferReader(_MAGIC + _footer(head, None, 0, 0))).field(0).type
         if alone == arrow:
             return _Column(head, arrow, cast=False)
-        exact = (alone, arrow) in ((pa.string(), pa.large_string()), (pa.binary(), pa.large_binary())) or (
-            pa.types.is_timestamp(alone) and pa.types.is_timestamp(arrow) and alone.unit == arrow.unit
+        exact = (
+            (alone, arrow) in ((pa.string(), pa.large_string()), (pa.binary(), pa.large_binary()))
+            or (pa.types.is_timestamp(alone) and pa.types.is_timestamp(arrow) and alone.unit == arrow.unit)
+            or (alone == pa.int64() and pa.types.is_duration(arrow))  # a duration is stored as its int64
         )
         return _Column(head, arrow, cast=True) if exact else None
 
@@ -323,7 +325,7 @@ class PageReads:
     ) -> pa.Array | None:
         """Leaf column ``index`` at ``rows`` (row offsets in the file; any order, repeats allowed), decoded from
         only the pages holding them into ``pool``; None when the column is not read by pages or (``when_cheaper``)
-        its pages would cost more than half of decoding their row groups whole."""
+        its pages are not under 4/5 of their row groups' pages."""
         column = self.column(index)
         pages = self.pages(index) if column is not None else None
         if column is None or pages is None:
