@@ -331,14 +331,13 @@ class PageReads:
         if column is None or pages is None:
             return None
         which = pages.page_of(rows)
-        if len(rows) > 1 and bool((rows[1:] >= rows[:-1]).all()):  # in order, as an index gives them: no sort
-            first = np.concatenate([[True], which[1:] != which[:-1]])
+        if bool((rows[1:] >= rows[:-1]).all()):  # in order, as an index gives them: no sort
+            first = _firsts(which)
             chosen, slot = which[first], np.cumsum(first) - 1
         else:
             chosen, slot = np.unique(which, return_inverse=True)
-        if when_cheaper and len(chosen) >= _PAGES_OF_WHOLE * int(
-            pages.group_pages[np.unique(pages.groups[chosen])].sum()
-        ):
+        groups = pages.groups[chosen]  # in order, as ``chosen`` is
+        if when_cheaper and len(chosen) >= _PAGES_OF_WHOLE * int(pages.group_pages[groups[_firsts(groups)]].sum()):
             return None
         counts = pages.first_rows[chosen + 1] - pages.first_rows[chosen]
         at = (np.cumsum(counts) - counts)[slot] + rows - pages.first_rows[which]  # each row among the chosen pages'
@@ -351,8 +350,13 @@ class PageReads:
             decoded = reader.read_all(column_indices=[0], use_threads=False).column(0)
         except OSError as e:  # pyarrow's error for a page that does not parse; the bytes are all in memory here
             raise ValueError(str(e)) from None
-        values = decoded.take(pa.array(at)).combine_chunks()
+        values = (decoded.chunk(0) if decoded.num_chunks == 1 else decoded.combine_chunks()).take(pa.array(at))
         return values.cast(column.arrow) if column.cast else values
+
+
+def _firsts(ordered: np.ndarray) -> np.ndarray:
+    """Where each run of equal values of an ordered array starts (a unique without the sort)."""
+    return np.concatenate([[True], ordered[1:] != ordered[:-1]])
 
 
 def _footer(head: bytes, chunk: bytes | None, size: int, rows: int) -> bytes:

@@ -205,8 +205,8 @@ class SuperfileReader:
     ) -> pa.Table:
         """Parquet columns (default: all), optionally only the given row offsets in the given order.
 
-        Only row groups holding a requested row are decoded, and of a column whose pages holding them cost at
-        most half its chunks, only those pages (``format/pages.py``). ``use_threads=False`` decodes on the
+        Only row groups holding a requested row are decoded, and of a column whose pages holding them are under
+        4/5 of those groups' pages, only those pages (``format/pages.py``). ``use_threads=False`` decodes on the
         calling thread only: faster when the caller already reads several superfiles in parallel, and always
         taken for a small file (up to :data:`READ_WHOLE_BYTES`), where handing its few chunks to Arrow's pool
         costs more than decoding them (0.06 against 0.15-0.24 ms a read of a 2-row superfile).

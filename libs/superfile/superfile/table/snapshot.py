@@ -570,7 +570,8 @@ class Snapshot:
         if rows is not None and not len(rows):  # the indexes rule out every row: nothing to decode
             return pa.schema(fields).empty_table()
         need = list(dict.fromkeys([*scalar, *(sorted(check.columns) if check is not None else ())]))
-        table = _read_columns(reader, need, rows, use_threads)
+        # a few rows, as read_rows: on this thread (Arrow's pool cost ~0.1 ms more for one row of two columns)
+        table = _read_columns(reader, need, rows, use_threads and (rows is None or len(rows) > _FEW_ROWS))
         keep: np.ndarray | None = None
         if rows is None and len(deleted):
             keep = np.ones(table.num_rows, dtype=bool)
