@@ -322,7 +322,7 @@ class PageReads:
 
     def read(
         self, rows: np.ndarray, index: int, pool: pa.MemoryPool | None = None, *, when_cheaper: bool = True
-    ) -> pa.Array | None:
+    ) -> pa.Array | pa.ChunkedArray | None:
         """Leaf column ``index`` at ``rows`` (row offsets in the file; any order, repeats allowed), decoded from
         only the pages holding them into ``pool``; None when the column is not read by pages or (``when_cheaper``)
         its pages are not under 4/5 of their row groups' pages."""
@@ -350,7 +350,7 @@ class PageReads:
             decoded = reader.read_all(column_indices=[0], use_threads=False).column(0)
         except OSError as e:  # pyarrow's error for a page that does not parse; the bytes are all in memory here
             raise ValueError(str(e)) from None
-        values = (decoded.chunk(0) if decoded.num_chunks == 1 else decoded.combine_chunks()).take(pa.array(at))
+        values = (decoded.chunk(0) if decoded.num_chunks == 1 else pa.concat_arrays(decoded.chunks)).take(pa.array(at))
         return values.cast(column.arrow) if column.cast else values
 
 

@@ -256,7 +256,7 @@ class SuperfileReader:
             arrays, schema=pa.schema([schema.field(c) for c in cols]).with_metadata(schema.metadata)
         )
 
-    def _by_pages(self, leaf: int, rows: np.ndarray) -> pa.Array | None:
+    def _by_pages(self, leaf: int, rows: np.ndarray) -> pa.Array | pa.ChunkedArray | None:
         """Leaf column ``leaf`` at file rows ``rows`` decoded from only the pages holding them, when it can be read
         by pages and that saves decoding (``format/pages.py``); else None."""
         try:
