@@ -59,7 +59,7 @@ ID_COLUMN = "_id"
 _MIN_GROUP_ROWS = 1024  # below this, footers grow (statistics per group and column) for no read benefit
 # Parquet data pages of about 4 KiB, the size checked every 64 rows: a read of a few rows decodes only their pages
 # (format/pages.py), so a page is what fetching one row costs. Small pages pay off with LZ4 (the default codec),
-# whose per-page cost is small; zstd sets up a decoder per page (~10 us), which made small-page scans 3x slower.
+# whose per-page cost is small; zstd sets up a decoder per page (~10 us), which made small-page scans 3.5x slower.
 # Checked every 32 rows instead, pages of ~400-byte texts were 10% larger and scanned 30% slower for no gain in
 # narrow texts' point reads (docs/format.md, "Parquet part")
 _DATA_PAGE_BYTES = 4 * 1024
