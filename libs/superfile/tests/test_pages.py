@@ -77,6 +77,8 @@ def test_page_reads_equal_whole_row_group_reads(built: bytes, table: pa.Table) -
         np.array([17, 3, 3, 12_000, 5]),  # unordered, repeated
         *(rng.choice(ROWS, n, replace=False) for n in (2, 9, 30)),
     ]
+    nothing = reader._pages.read(np.array([], np.int64), reader._leaves["text"][0], when_cheaper=False)
+    assert nothing is not None and nothing.to_pylist() == []
     for rows in selections:
         got = reader.read(columns, rows=rows, use_threads=False)
         expected = _whole(reader, columns, rows)

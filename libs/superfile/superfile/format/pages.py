@@ -356,7 +356,7 @@ class PageReads:
 
 def _firsts(ordered: np.ndarray) -> np.ndarray:
     """Where each run of equal values of an ordered array starts (a unique without the sort)."""
-    return np.concatenate([[True], ordered[1:] != ordered[:-1]])
+    return np.concatenate([[True], ordered[1:] != ordered[:-1]])[: len(ordered)]
 
 
 def _footer(head: bytes, chunk: bytes | None, size: int, rows: int) -> bytes:
