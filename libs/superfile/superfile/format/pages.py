@@ -139,8 +139,9 @@ def _struct(buf: memoryview, pos: int) -> tuple[dict[int, Any], int]:
     return fields, pos
 
 
-def _schema_elements(footer: memoryview) -> list[memoryview]:
-    """The bytes of each SchemaElement of a FileMetaData (field 2), depth first, to copy into a footer."""
+def _schema_leaves(footer: memoryview) -> list[memoryview]:
+    """The bytes of each leaf's SchemaElement of a FileMetaData (field 2), in leaf order, to copy into a footer.
+    Depth first, the elements with children (``num_children``, field 5) are the root and the groups."""
     field, kind, pos = _field_head(footer, 0, 0)
     while field != 2:
         if not kind:
@@ -148,12 +149,13 @@ def _schema_elements(footer: memoryview) -> list[memoryview]:
         _, pos = _value(footer, pos, kind)
         field, kind, pos = _field_head(footer, pos, field)
     size, _, pos = _list_head(footer, pos)
-    elements = []
+    leaves = []
     for _ in range(size):
-        _, end = _struct(footer, pos)
-        elements.append(footer[pos:end])
+        element, end = _struct(footer, pos)
+        if 5 not in element:
+            leaves.append(footer[pos:end])
         pos = end
-    return elements
+    return leaves
 
 
 def _uvarint(n: int) -> bytes:
@@ -235,13 +237,13 @@ class PageReads:
         return self._view[offset : offset + length]
 
     def _thrift_footer(self) -> tuple[dict[int, Any], list[memoryview]]:
-        """The file's Thrift FileMetaData, parsed, and its schema elements' bytes (pyarrow's metadata objects
-        expose neither the offset indexes' locations nor the elements)."""
+        """The file's Thrift FileMetaData, parsed, and its leaves' schema elements' bytes (pyarrow's metadata
+        objects expose neither the offset indexes' locations nor the elements)."""
         if self._footer is None:
             size = len(self._view)
             footer_len = _U32.unpack_from(self._present(size - 8, 4))[0]
             footer = self._present(size - 8 - footer_len, footer_len)
-            self._footer = (_struct(footer, 0)[0], _schema_elements(footer))
+            self._footer = (_struct(footer, 0)[0], _schema_leaves(footer))
         return self._footer
 
     def column(self, index: int) -> _Column | None:
@@ -258,10 +260,8 @@ class PageReads:
         if schema.get_field_index(leaf.path) < 0:
             return None
         arrow = schema.field(leaf.path).type
-        # a flat schema: the root, then one element per top-level leaf; elements with children are groups
-        elements = [e for e in self._thrift_footer()[1][1:] if 5 not in _struct(e, 0)[0]]
         root = [(4, _BINARY, b"schema"), (5, _I32, 1)]
-        head = _encode_fields([(1, _I32, 1), (2, _LIST, (_STRUCT, [root, elements[index]]))])
+        head = _encode_fields([(1, _I32, 1), (2, _LIST, (_STRUCT, [root, self._thrift_footer()[1][index]]))])
         alone = pq.read_schema(pa.BufferReader(_MAGIC + _footer(head, None, 0, 0))).field(0).type
         if alone == arrow:
             return _Column(head, arrow, cast=False)
