@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import tracemalloc
 
+import numkong as nk
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -90,6 +91,26 @@ def test_parts_with_reduced_and_full_codes_rank_together(metric) -> None:
         assert np.allclose(dist, want, atol=1e-4)
         got += len(set(flat(union.top(q, 10, range(3)), bounds)[0].tolist()) & set(want_rows.tolist()))
     assert got / (10 * len(queries)) >= 0.95
+
+
+def test_the_query_is_coded_for_every_part_as_the_part_codes_it() -> None:
+    """The union quantizes the query once per kind of code (full, or of so many principal components), not
+    once per part: each part still gets bit for bit the codes, step and offset its own index computes."""
+    data = low_rank(9_000, 128, 16, seed=6)
+    bounds = [0, 3_000, 5_000, 7_000, 9_000]
+    parts = [index(data[a:b], "cosine", reduce=p != 1) for p, (a, b) in enumerate(itertools.pairwise(bounds))]
+    assert [p.ivf_lists.proj is not None for p in parts] == [True, False, True, True]
+    union = VectorUnion(parts)
+    for q in low_rank(5, 128, 16, seed=7):
+        q = parts[0].prepare_query(q)
+        packed, step, offset = union._query_codes(q, np.array([0, 1, 1, 3]))  # part 2 not wanted
+        assert sorted(packed) == [0, 1, 3] and step[2] == 0.0
+        for p in (0, 1, 3):
+            lists = parts[p].ivf_lists
+            q8, own_step, own_offset = lists.query_codes(q)
+            assert (step[p], offset[p]) == (own_step, own_offset)
+            own = np.asarray(nk.dots_packed(lists.codes, nk.dots_pack(q8)))
+            assert np.array_equal(np.asarray(nk.dots_packed(lists.codes, packed[p])), own)
 
 
 def test_only_the_named_parts_are_searched() -> None:

@@ -33,14 +33,15 @@ goes through ``VectorIndex.search``, which pushes the filter into its ranking.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import numkong as nk
 import numpy as np
 import numpy.typing as npt
 
-from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances, smallest
+from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances, quantize_query, smallest
 
 __all__ = ["VectorUnion"]
 
@@ -62,6 +63,7 @@ class VectorUnion:
         self._lists: list[IvfLists] = [x for x in ivf if x is not None]
         if len(self._lists) != len(parts):
             raise ValueError("a vector union takes IVF indexes only")
+        self._codes = [x.codes for x in self._lists]  # bound once: the first pass slices them run by run
         self._first_part = parts[0]
         self.metric = parts[0].metric
         nlist = np.array([len(x.bias) for x in self._lists], np.int64)
@@ -77,6 +79,12 @@ class VectorUnion:
         self._grid = np.full((len(parts), int(nlist.max(initial=0))), -1, np.int64)  # each part's lists, -1 pad
         for p, n in enumerate(nlist.tolist()):
             self._grid[p, :n] = np.arange(self._first[p], self._first[p] + n)
+        # the parts by how a query is coded for them (full or principal-component codes, of so many dimensions),
+        # with their code scales stacked: one quantization of the query for all the parts of a kind
+        kinds: dict[tuple[bool, int], list[int]] = {}
+        for p, x in enumerate(self._lists):
+            kinds.setdefault((x.proj is not None, x.codes.shape[1]), []).append(p)
+        self._kinds = [(np.array(ps, np.int64), np.stack([self._lists[p].scale for p in ps])) for ps in kinds.values()]
 
     def top(
         self,
@@ -147,16 +155,13 @@ class VectorUnion:
         run_part, lo = part[first], start[first]
         length = start[last] + size[last] - lo
         at = np.concatenate(([0], np.cumsum(length)))
-        packed: dict[int, nk.PackedMatrix] = {}
-        qscale, qoffset = np.zeros(len(self._lists), np.float64), np.zeros(len(self._lists), np.float64)
-        for p in np.unique(run_part).tolist():  # each part's codes have their own space (scales, components)
-            q8, qscale[p], qoffset[p] = self._lists[p].query_codes(q)
-            packed[p] = nk.dots_pack(q8)
+        packed, qscale, qoffset = self._query_codes(q, run_part)
         out = nk.empty((int(at[-1]), 1), dtype="int32")
         l2 = self.metric == "l2"
         norms = np.empty(int(at[-1]) if l2 else 0, np.float32)
+        scores, codes = cast(Any, out), self._codes  # sliced into each run's rows
         for p, a, n, o in zip(run_part.tolist(), lo.tolist(), length.tolist(), at[:-1].tolist(), strict=True):
-            nk.dots_packed(self._lists[p].codes[a : a + n], packed[p], out=cast(nk.Tensor, out[o : o + n]))
+            nk.dots_packed(codes[p][a : a + n], packed[p], out=scores[o : o + n])
             if l2:
                 norms[o : o + n] = self._lists[p].norms[a : a + n]
         dots = np.asarray(out).reshape(-1) * np.repeat(qscale[run_part], length)
@@ -166,6 +171,36 @@ class VectorUnion:
         if l2:  # |x|^2 - 2 q.x; |q|^2 is the same for every row
             return norms * norms - 2.0 * dots, located
         return -dots, located
+
+    def _query_codes(
+        self, q: _Floats, run_part: _Ints
+    ) -> tuple[dict[int, nk.PackedMatrix], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """``IvfLists.query_codes`` for each part in ``run_part``, bit for bit, with one quantization per kind of
+        code instead of one per part (a sixth of a 16-part query's time): the query's codes packed for the
+        kernel, and each part's step and offset (indexed by part)."""
+        wanted = np.zeros(len(self._lists), bool)
+        wanted[run_part] = True
+        packed: dict[int, nk.PackedMatrix] = {}
+        qscale, qoffset = np.zeros(len(self._lists), np.float64), np.zeros(len(self._lists), np.float64)
+        for members, scales in self._kinds:
+            take = np.flatnonzero(wanted[members])
+            if not len(take):
+                continue
+            parts = members[take].tolist()
+            if self._lists[parts[0]].proj is None:
+                x = q[None]  # full codes: the query itself
+            else:  # its principal components in each part's own basis
+                x = np.empty((len(parts), scales.shape[1]), np.float32)
+                for i, p in enumerate(parts):
+                    lists = self._lists[p]
+                    assert lists.proj is not None and lists.mean is not None
+                    np.matmul(q, lists.proj, out=x[i])
+                    qoffset[p] = float(q @ lists.mean)
+            q8, step = quantize_query(x, scales[take])
+            qscale[parts] = step
+            for i, p in enumerate(parts):
+                packed[p] = nk.dots_pack(q8[i : i + 1])
+        return packed, qscale, qoffset
 
     def _rerank(self, q: _Floats, part: _Ints, pos: _Ints, k: int) -> list[tuple[int, _Ints, _Floats]]:
         """Exact distances of the candidates (gathered part by part), then the k nearest: by (distance, part,
@@ -181,7 +216,10 @@ class VectorUnion:
             rows[a:b] = x.row_ids[at]
         dist = exact_distances(v, q, norms, self.metric)
         keep = np.lexsort((rows, part, dist))[:k]  # the rerank pool is small: sorting it whole is cheap
-        return [(p, rows[keep[part[keep] == p]], dist[keep[part[keep] == p]]) for p in np.unique(part[keep]).tolist()]
+        keep = keep[np.argsort(part[keep], kind="stable")]  # by part, each part's nearest first
+        owner = part[keep]
+        bounds = [0, *(np.flatnonzero(owner[1:] != owner[:-1]) + 1).tolist(), len(keep)]
+        return [(int(owner[a]), rows[keep[a:b]], dist[keep[a:b]]) for a, b in itertools.pairwise(bounds)]
 
 
 _Runs = tuple[_Ints, _Ints, _Ints]  # per run of scanned rows: its part, first position, start in the scores
