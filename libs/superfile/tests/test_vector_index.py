@@ -183,6 +183,25 @@ def test_codes_stay_whole_where_halving_them_would_lose_variance() -> None:
         assert index.ivf_lists.codes.shape[1] == x.shape[1]
 
 
+@pytest.mark.parametrize("metric", METRICS)
+def test_a_querys_nearest_lists_are_mostly_stored_together(metric) -> None:
+    """Lists are stored along a path through near centroids, so the lists a query probes form few runs of
+    adjacent lists, each scanned by one kernel call (in k-means' own order, 8 probed lists were ~7.7 runs)."""
+    for x, queries in (
+        (clustered(20_000, 48), clustered(50, 48, seed=1)),
+        (low_rank(20_000, 64, 8), low_rank(50, 64, 8, 1)),
+    ):
+        index = VectorIndex.from_buffer(build_vector_index(x, metric))
+        lists = index.ivf_lists
+        assert lists is not None and len(lists.bias) > 100
+        runs = []
+        for q in queries:
+            q = index.prepare_query(q)
+            probed = np.sort(np.argpartition(lists.bias - 2.0 * (lists.centroids @ q), 8)[:8])
+            runs.append(1 + int((np.diff(probed) > 1).sum()))
+        assert np.mean(runs) <= 0.6 * 8, runs
+
+
 def test_a_projection_in_a_version_1_blob_is_corrupt() -> None:
     blob = bytearray(build_vector_index(low_rank(3_000, 128, 8, seed=2), "l2"))
     assert header_version(bytes(blob)) == 2

@@ -634,6 +634,7 @@ def _build_ivf(
     if extra is not None:
         sample = np.hstack([sample, extra[take, None]])
     lists = _kmeans(sample, nlist, params.train_iters, spherical, rng)
+    lists = lists[_chain(lists)]  # stored so that a query's nearest lists are mostly adjacent: fewer, longer scans
     assign = _assign(geo, lists, spherical, extra)
     perm = np.argsort(assign, kind="stable")  # list order, row order inside a list
     offsets = np.zeros(nlist + 1, dtype=np.uint32)
@@ -686,6 +687,29 @@ def _kmeans(sample: _Floats, nlist: int, iters: int, spherical: bool, rng: np.ra
         if spherical:
             lists /= np.maximum(np.linalg.norm(lists, axis=1, keepdims=True), 1e-30)
     return lists
+
+
+def _chain(centroids: _Floats) -> _Ints:
+    """An order of the lists along a greedy nearest-neighbour path, from the list farthest from their mean.
+
+    A search scans its probed lists in storage order, adjacent ones in one kernel call, and the lists a query
+    probes are near one another: stored along such a path, the 8 nearest of a 15,625-row superfile's 125 lists
+    were 4 runs instead of 7.6 (the Vaswani bench queries), half the kernel calls.
+    """
+    n = len(centroids)
+    if n <= 2:
+        return np.arange(n)
+    c = centroids.astype(np.float32)
+    norms = np.einsum("ij,ij->i", c, c)
+    dist = norms[:, None] + norms[None, :] - 2.0 * (c @ c.T)  # n^2 floats: 4 MB for a 1M-row superfile
+    at = int(np.argmax(np.einsum("ij,ij->i", c - c.mean(axis=0), c - c.mean(axis=0))))
+    order = [at]
+    far = np.zeros(n, np.float32)  # inf at the lists already on the path
+    for _ in range(n - 1):
+        far[at] = np.inf
+        at = int(np.argmin(dist[at] + far))
+        order.append(at)
+    return np.array(order, np.int64)
 
 
 def _assign(geo: _Floats, lists: _Floats, spherical: bool, extra: _Floats | None) -> _Ints:
