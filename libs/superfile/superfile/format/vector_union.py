@@ -164,13 +164,19 @@ class VectorUnion:
             nk.dots_packed(codes[p][a : a + n], packed[p], out=scores[o : o + n])
             if l2:
                 norms[o : o + n] = self._lists[p].norms[a : a + n]
-        dots = np.asarray(out).reshape(-1) * np.repeat(qscale[run_part], length)
-        if qoffset.any():  # principal-component codes: q.x = step * (q8 . code) + q.mean
-            dots += np.repeat(qoffset[run_part], length)
         located = (run_part, lo, at)
+        # principal-component codes: q.x = step * (q8 . code) + q.mean
+        offsets = np.repeat(qoffset[run_part], length) if qoffset.any() else None
         if l2:  # |x|^2 - 2 q.x; |q|^2 is the same for every row
+            dots = np.asarray(out).reshape(-1) * np.repeat(qscale[run_part], length)
+            if offsets is not None:
+                dots += offsets
             return norms * norms - 2.0 * dots, located
-        return -dots, located
+        keys = np.repeat(-qscale[run_part], length)  # -(q.x), built in place: exactly -(step * dot + offset)
+        keys *= np.asarray(out).reshape(-1)
+        if offsets is not None:
+            keys -= offsets
+        return keys, located
 
     def _query_codes(
         self, q: _Floats, run_part: _Ints
