@@ -60,7 +60,12 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=15)
     args = p.parse_args()
     data = rows(args.rows)
-    db = superfile.connect(f"file://{tempfile.mkdtemp(prefix='sfwhere-')}")
+    with tempfile.TemporaryDirectory(prefix="sfwhere-") as root:  # two tables of ~100 MB each: not kept
+        measure(superfile.connect(f"file://{root}"), data, args.rows, args.repeat)
+
+
+def measure(db: superfile.Connection, data: pa.Table, n: int, repeat: int) -> None:
+    """Time the cases on an indexed and a plain table of ``data`` in ``db``; save the results."""
     indexed = db.create_table("indexed", data.schema, fts_columns=["title"], max_rows_per_superfile=62_500)
     plain = db.create_table(
         "plain",
@@ -70,10 +75,11 @@ def main() -> None:
     )
     for t in (indexed, plain):
         t.append(data)
-    title = data.column("title")[args.rows // 2].as_py().replace("'", "''")
+    title = data.column("title")[n // 2].as_py().replace("'", "''")
+    batch = f"b{min(517, n // 1000 - 1)}"  # a batch every row count has (at 1M rows, as measured before)
     cases = {
         "bitmap column: label = 'c17' (0.1%)": "label = 'c17'",
-        "bitmap column, clustered: batch = 'b517' (0.1%)": "batch = 'b517'",
+        f"bitmap column, clustered: batch = '{batch}' (1,000 rows)": f"batch = '{batch}'",
         "full-text column: title = <one title>": f"title = '{title}'",
     }
     results: dict[str, dict[str, float]] = {}
@@ -85,20 +91,20 @@ def main() -> None:
             n_sql = db.sql(f"SELECT doc_id, title FROM {table} WHERE {where}").num_rows
             assert n_api == n_sql and n_api >= 1
             entry[f"{table}_fetch_api_ms"] = timed(
-                lambda t=t, w=where: t.to_arrow(columns=["doc_id", "title"], where=w), args.repeat
+                lambda t=t, w=where: t.to_arrow(columns=["doc_id", "title"], where=w), repeat
             )
             entry[f"{table}_fetch_sql_ms"] = timed(
-                lambda tb=table, w=where: db.sql(f"SELECT doc_id, title FROM {tb} WHERE {w}"), args.repeat
+                lambda tb=table, w=where: db.sql(f"SELECT doc_id, title FROM {tb} WHERE {w}"), repeat
             )
-            entry[f"{table}_count_api_ms"] = timed(lambda t=t, w=where: t.count_rows(w), args.repeat)
+            entry[f"{table}_count_api_ms"] = timed(lambda t=t, w=where: t.count_rows(w), repeat)
             entry[f"{table}_count_sql_ms"] = timed(
-                lambda tb=table, w=where: db.sql(f"SELECT count(*) FROM {tb} WHERE {w}"), args.repeat
+                lambda tb=table, w=where: db.sql(f"SELECT count(*) FROM {tb} WHERE {w}"), repeat
             )
         for what in ("fetch_api", "fetch_sql", "count_api", "count_sql"):
             entry[f"{what}_speedup"] = entry[f"plain_{what}_ms"] / entry[f"indexed_{what}_ms"]
         results[name] = entry
         print(name, json.dumps({k: round(v, 2) for k, v in entry.items()}), flush=True)
-    save("where_index", {"rows": args.rows, "repeat": args.repeat, "results": results})
+    save("where_index", {"rows": n, "repeat": repeat, "results": results})
 
 
 if __name__ == "__main__":
