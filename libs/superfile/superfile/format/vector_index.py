@@ -702,7 +702,8 @@ def _chain(centroids: _Floats) -> _Ints:
     c = centroids.astype(np.float32)
     norms = np.einsum("ij,ij->i", c, c)
     dist = norms[:, None] + norms[None, :] - 2.0 * (c @ c.T)  # n^2 floats: 4 MB for a 1M-row superfile
-    at = int(np.argmax(np.einsum("ij,ij->i", c - c.mean(axis=0), c - c.mean(axis=0))))
+    centred = c - c.mean(axis=0)
+    at = int(np.argmax(np.einsum("ij,ij->i", centred, centred)))
     order = [at]
     far = np.zeros(n, np.float32)  # inf at the lists already on the path
     for _ in range(n - 1):

@@ -1,0 +1,124 @@
+"""Queries/s on two cores: one client thread, two client threads in one process, two processes of one thread.
+
+    .venv/bin/python bench/core_scaling.py --cache /tmp/sfbench-250k
+
+Issue 20 asks two client threads for 1.8x the queries/s of one. A search here is a few hundred numpy and
+native calls driven from Python, and most of those calls release the interpreter lock for a few
+microseconds: with a second thread waiting, each release hands the lock over (a futex wake and a context
+switch), so two threads cost more CPU per query than one. Two processes share nothing of the kind. This
+runs the same queries over the same table (a ``search_bench.py`` cache, built there) the three ways, for
+superfile's vector (nprobe 8) and BM25 searches, beside the single usearch and tantivy indexes, each
+``--repeat`` times, alternating, and reports medians: queries/s (all clients together) and CPU ms per
+query (every thread of every measuring process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import median, save
+from search_bench import CLASSES, build_info, queries
+
+Case = tuple[str, str, dict[str, Any]]  # system, kind, setting
+CASES: tuple[Case, ...] = (
+    ("superfile", "vector", {"nprobe": 8}),
+    ("usearch", "vector", {"ef": 256}),
+    ("superfile", "bm25", {}),
+    ("tantivy", "bm25", {}),
+)
+KEYS = ("qps", "cpu_ms_per_query")
+
+
+def _client(
+    system: str, kind: str, setting: dict[str, Any], cache: str, threads: int, passes: int, ready: Any, out: Any
+) -> None:
+    """Open the system, warm it with every query once, wait at ``ready`` for the other clients, then run
+    ``passes`` passes over the queries from ``threads`` threads; put (queries, wall s, CPU s) on ``out``."""
+    q = queries()
+    n = q.num_rows
+    sysobj = CLASSES[system](Path(cache), q)
+    if hasattr(sysobj, "prepare"):
+        sysobj.prepare(setting)
+    fn = getattr(sysobj, kind)
+    for i in range(n):
+        fn(i, setting)
+    ready.wait()
+
+    def work(first: int) -> None:
+        for i in range(first, n * passes, threads):
+            fn(i % n, setting)
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    out.put((n * passes, time.perf_counter() - wall0, time.process_time() - cpu0))
+
+
+def run(
+    case: tuple[str, str, dict[str, Any]], cache: Path, processes: int, threads: int, passes: int
+) -> dict[str, float]:
+    """``processes`` processes of ``threads`` client threads each, started together once all are warm."""
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Barrier(processes + 1), ctx.Queue()
+    procs = [
+        ctx.Process(target=_client, args=(*case, str(cache), threads, passes, ready, out)) for _ in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    ready.wait(timeout=600)
+    results = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+    queries_run = sum(r[0] for r in results)
+    return {
+        "qps": queries_run / max(r[1] for r in results),
+        "cpu_ms_per_query": 1e3 * sum(r[2] for r in results) / queries_run,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cache", type=Path, default=Path("/tmp/sfbench-search"))
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--passes", type=int, default=3)
+    args = p.parse_args()
+    if not build_info(args.cache):
+        raise SystemExit(f"{args.cache}: no search_bench.py build there (run it with --cache {args.cache} first)")
+    ways = {"1 thread": (1, 1), "2 threads": (1, 2), "2 processes": (2, 1)}
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {}
+    for _ in range(args.repeat):
+        for case in CASES:
+            name = f"{case[1]} {case[0]}"
+            for way, (procs, threads) in ways.items():
+                runs.setdefault(name, {}).setdefault(way, []).append(run(case, args.cache, procs, threads, args.passes))
+    summary = {
+        name: {way: {key: median([r[key] for r in rs]) for key in KEYS} for way, rs in by_way.items()}
+        for name, by_way in runs.items()
+    }
+    for name, by_way in summary.items():
+        one = by_way["1 thread"]["qps"]
+        cells = [
+            f"{w}: {v['qps']:.0f} q/s ({v['qps'] / one:.2f}x), {v['cpu_ms_per_query']:.2f} CPU ms"
+            for w, v in by_way.items()
+        ]
+        print(f"{name}: " + "; ".join(cells), flush=True)
+    save(
+        "core_scaling",
+        {"cache": str(args.cache), "repeat": args.repeat, "passes": args.passes, "runs": runs, "medians": summary},
+    )
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
