@@ -18,14 +18,13 @@ import argparse
 import json
 import multiprocessing as mp
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median, save
-from search_bench import CLASSES, build_info, queries
+from search_bench import CLASSES, build_info, queries, timed_pass
 
 Case = tuple[str, str, dict[str, Any]]  # system, kind, setting
 CASES: tuple[Case, ...] = (
@@ -41,28 +40,24 @@ def _client(
     system: str, kind: str, setting: dict[str, Any], cache: str, threads: int, passes: int, ready: Any, out: Any
 ) -> None:
     """Open the system, warm it with every query once, wait at ``ready`` for the other clients, then run
-    ``passes`` passes over the queries from ``threads`` threads; put (queries, wall s, CPU s) on ``out``."""
+    ``passes`` passes over the queries from ``threads`` client threads (``search_bench.timed_pass``); put
+    (queries, wall s, CPU s) on ``out``."""
     q = queries()
     n = q.num_rows
     sysobj = CLASSES[system](Path(cache), q)
     if hasattr(sysobj, "prepare"):
         sysobj.prepare(setting)
     fn = getattr(sysobj, kind)
-    for i in range(n):
-        fn(i, setting)
+
+    def query(i: int) -> Any:
+        return fn(i, setting)
+
+    timed_pass(query, n, 1)  # warm-up: every query once
     ready.wait()
-
-    def work(first: int) -> None:
-        for i in range(first, n * passes, threads):
-            fn(i % n, setting)
-
-    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    out.put((n * passes, time.perf_counter() - wall0, time.process_time() - cpu0))
+    cpu0, wall = time.process_time(), 0.0
+    for _ in range(passes):  # as search_bench.py runs its client threads
+        wall += timed_pass(query, n, threads)[1]
+    out.put((n * passes, wall, time.process_time() - cpu0))
 
 
 def run(
@@ -91,7 +86,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cache", type=Path, default=Path("/tmp/sfbench-search"))
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--passes", type=int, default=3)
+    p.add_argument("--passes", type=int, default=10)
     args = p.parse_args()
     if not build_info(args.cache):
         raise SystemExit(f"{args.cache}: no search_bench.py build there (run it with --cache {args.cache} first)")
