@@ -617,6 +617,10 @@ def test_dockerfile_is_multi_stage_unprivileged_and_healthchecked(dockerfile: An
     exposed = {int(p) for i in final if i.keyword == "EXPOSE" for p in i.value.split()}
     assert exposed == ports
     assert re.search(rf"127\.0\.0\.1:{ports.pop()}/", healthcheck)
+    if service != "ingest":  # the engine's IVF scan keeps its compiled code on a volume the pod can write
+        cache = re.search(r"NUMBA_CACHE_DIR=(\S+)", " ".join(i.value for i in final if i.keyword == "ENV"))
+        mounts = [m["mountPath"].rstrip("/") + "/" for m in pod.containers[0]["volumeMounts"]]
+        assert cache and any(cache.group(1).startswith(m) for m in mounts), "NUMBA_CACHE_DIR on a writable volume"
     # what the image runs by itself is a project program (compose.yaml relies on it)
     program = [exec_form(i.value) for i in final if i.keyword in ("ENTRYPOINT", "CMD")]
     if service == "ingest":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import tracemalloc
 
-import numkong as nk
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -103,14 +102,14 @@ def test_the_query_is_coded_for_every_part_as_the_part_codes_it() -> None:
     union = VectorUnion(parts)
     for q in low_rank(5, 128, 16, seed=7):
         q = parts[0].prepare_query(q)
-        packed, step, offset = union._query_codes(q, np.array([0, 1, 1, 3]))  # part 2 not wanted
-        assert sorted(packed) == [0, 1, 3] and step[2] == 0.0
+        q8, step, offset = union._query_codes(q, np.array([0, 1, 1, 3]))  # part 2 not wanted
+        assert step[2] == 0.0 and not q8[2].any()
         for p in (0, 1, 3):
             lists = parts[p].ivf_lists
-            q8, own_step, own_offset = lists.query_codes(q)
+            own_q8, own_step, own_offset = lists.query_codes(q)
             assert (step[p], offset[p]) == (own_step, own_offset)
-            own = np.asarray(nk.dots_packed(lists.codes, nk.dots_pack(q8)))
-            assert np.array_equal(np.asarray(nk.dots_packed(lists.codes, packed[p])), own)
+            width = lists.codes.shape[1]
+            assert np.array_equal(q8[p, :width], own_q8[0]) and not q8[p, width:].any()
 
 
 def test_only_the_named_parts_are_searched() -> None:

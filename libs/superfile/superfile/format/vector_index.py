@@ -26,9 +26,8 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, partial
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
-import numkong as nk
 import numpy as np
 import numpy.typing as npt
 from pyroaring import AbstractBitMap
@@ -40,6 +39,9 @@ from superfile.errors import (
     InvalidVectorError,
     VectorDimensionError,
 )
+
+if TYPE_CHECKING:
+    from superfile.format.ivf_scan import CodeScan
 
 __all__ = [
     "KINDS",
@@ -347,15 +349,7 @@ class VectorIndex:
         """Scan the allowed rows themselves: int8 first pass (IVF only), then exact rerank."""
         want = max(rerank, k)
         if self.kind == "ivf" and len(pos) > want:
-            q8, qscale = self._quantized_query(q)
-            packed = nk.dots_pack(q8)
-            dots = np.empty(len(pos), dtype=np.int32)
-            buf = np.empty((min(len(pos), _GATHER_CHUNK), self._codes.shape[1]), dtype=np.int8)
-            for s in range(0, len(pos), _GATHER_CHUNK):
-                chunk = pos[s : s + _GATHER_CHUNK]
-                rows = np.take(self._codes, chunk, axis=0, out=buf[: len(chunk)], mode="clip")
-                dots[s : s + len(chunk)] = np.asarray(nk.dots_packed(rows, packed)).reshape(-1)
-            pos = pos[smallest(self._keys(dots, qscale, pos), want)]
+            pos = pos[smallest(self._code_scan.positions(0, *self._quantized_query(q), pos), want)]
         return self._rerank(q, pos, k)
 
     def _rerank(self, q: _Floats, pos: _Ints, k: int) -> tuple[_Ints, _Floats]:
@@ -371,17 +365,22 @@ class VectorIndex:
         order = keep[np.lexsort((rows[keep], dist[keep]))]
         return rows[order], dist[order]
 
-    def _keys(self, dots: npt.NDArray[Any], qscale: float, pos: _Ints) -> npt.NDArray[np.float64]:
-        if self.metric == "l2":  # |x|^2 - 2 x.q; |q|^2 is the same for every row
-            return self._norms2[pos] - (2.0 * qscale) * dots
-        return -dots.astype(np.float64)  # cosine codes are of unit vectors: dot ranks them
-
-    def _quantized_query(self, q: _Floats) -> tuple[npt.NDArray[np.int8], float]:
-        """The query in the codes' space as int8, and its step (the offset, one for every row, ranks nothing)."""
+    def _quantized_query(
+        self, q: _Floats
+    ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """The query coded for ``_code_scan``: its int8 codes (1, code dims), step and offset."""
         lists = self.ivf_lists
         assert lists is not None
-        q8, step, _ = lists.query_codes(q)
-        return q8, step
+        q8, step, offset = lists.query_codes(q)
+        return q8, np.array([step]), np.array([offset])
+
+    @cached_property
+    def _code_scan(self) -> CodeScan:
+        from superfile.format.ivf_scan import CodeScan  # numba: ~0.2 s to import, paid by a first IVF search
+
+        lists = self.ivf_lists
+        assert lists is not None
+        return CodeScan([lists], self.metric)
 
     def _ivf_search(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
         offsets = self._offsets
@@ -407,17 +406,13 @@ class VectorIndex:
         starts = offsets[probes]
         sizes = offsets[probes + 1] - starts
         total = int(sizes.sum())
-        q8, qscale = self._quantized_query(q)
-        packed = nk.dots_pack(q8)
-        out = nk.empty((self.num_rows, 1), dtype="int32")  # uninitialised: only probed rows are read
+        # adjacent lists are one run of rows, scored in one pass (runs in storage order: keys line up with pos)
         breaks = np.flatnonzero(starts[1:] != starts[:-1] + sizes[:-1]) + 1
         first, last = np.r_[0, breaks], np.r_[breaks - 1, len(starts) - 1]
-        for s, e in zip(starts[first].tolist(), (starts[last] + sizes[last]).tolist(), strict=True):
-            if e > s:
-                nk.dots_packed(self._codes, packed, out=out, start_row=s, end_row=e)
+        runs = np.stack((np.zeros(len(first), np.int64), starts[first], starts[last] + sizes[last] - starts[first]), 1)
+        keys = self._code_scan.runs(*self._quantized_query(q), runs)
         ends = np.cumsum(sizes)
         pos = np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - sizes), sizes)
-        keys = self._keys(np.asarray(out).reshape(-1)[pos], qscale, pos)
         if flt is not None:
             allowed = flt.mask[pos]
             keys, pos = keys[allowed], pos[allowed]
@@ -447,10 +442,6 @@ class VectorIndex:
     @cached_property
     def _sizes(self) -> _Ints:
         return np.diff(self._offsets)
-
-    @cached_property
-    def _norms2(self) -> _Floats:
-        return self._norms * self._norms
 
 
 # Search tuning constants (measured, see docs/vector-index.md).

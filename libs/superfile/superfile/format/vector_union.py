@@ -14,13 +14,12 @@ list, not per row:
    one score buffer and one ``argpartition`` picking each part's ``nprobe`` nearest lists
    (its own default when not given), widened for a part whose probed lists
    hold fewer than ``k`` rows: the lists ``VectorIndex.search`` probes;
-2. **first pass**: the int8 kernel over every run of adjacent probed lists
-   into one buffer, on the caller's thread (the kernel releases the GIL, so
-   concurrent searches use every core; splitting one search over two threads
-   cut its latency but cost CPU that concurrent searches needed); the parts'
-   codes have their own scales (and may be of their own principal
-   components), so the dot products are mapped back onto q.x
-   (``IvfLists.query_codes``) and compare across parts;
+2. **first pass**: one compiled call (``CodeScan``) scores every run of adjacent probed
+   lists of every part without holding the interpreter lock, on the caller's thread
+   (concurrent searches use every core; splitting one search over two threads cut its
+   latency but cost CPU that concurrent searches needed); the parts' codes have their
+   own scales (and may be of their own principal components), so the dot products are
+   mapped back onto q.x (``IvfLists.query_codes``) and compare across parts;
 3. **rerank**: exact float32 distances for the ``rerank`` best first-pass
    candidates of all the parts together (default: the largest of the parts'
    defaults). The first pass ranks across parts, so the budget is per search,
@@ -35,9 +34,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any, cast
 
-import numkong as nk
 import numpy as np
 import numpy.typing as npt
 
@@ -63,9 +60,11 @@ class VectorUnion:
         self._lists: list[IvfLists] = [x for x in ivf if x is not None]
         if len(self._lists) != len(parts):
             raise ValueError("a vector union takes IVF indexes only")
-        self._codes = [x.codes for x in self._lists]  # bound once: the first pass slices them run by run
         self._first_part = parts[0]
         self.metric = parts[0].metric
+        from superfile.format.ivf_scan import CodeScan  # numba: ~0.2 s to import, paid by a first IVF search
+
+        self._code_scan = CodeScan(self._lists, self.metric)
         nlist = np.array([len(x.bias) for x in self._lists], np.int64)
         self._first = np.concatenate(([0], np.cumsum(nlist)))  # part p's lists: first[p] .. first[p + 1]
         self._bias = np.concatenate([x.bias for x in self._lists])
@@ -145,48 +144,25 @@ class VectorUnion:
             wider.append(grid[i, order[: max(int(count[i]), int(np.searchsorted(seen, k)) + 1)]])
         return np.sort(np.concatenate(wider))
 
-    def _first_pass(self, q: _Floats, probes: _Ints) -> tuple[npt.NDArray[np.float64], _Runs]:
-        """int8 scores of every row in the probed lists on one scale (smaller is nearer), and the runs of rows
-        they were read from (:func:`_locate` maps a score back to its part and position)."""
+    def _first_pass(self, q: _Floats, probes: _Ints) -> tuple[npt.NDArray[np.float64], _Ints]:
+        """Keys of every row in the probed lists on one scale (smaller is nearer; ``CodeScan``), and the runs of
+        rows they were read from, keys in run order (:func:`_locate` maps a key back to its part and position)."""
         part, start, size = self._part[probes], self._start[probes], self._size[probes]
-        # adjacent lists of one part are one run of rows: one kernel call
+        # adjacent lists of one part are one run of rows
         cut = np.flatnonzero((part[1:] != part[:-1]) | (start[1:] != start[:-1] + size[:-1])) + 1
         first, last = np.concatenate(([0], cut)), np.concatenate((cut - 1, [len(probes) - 1]))
-        run_part, lo = part[first], start[first]
-        length = start[last] + size[last] - lo
-        at = np.concatenate(([0], np.cumsum(length)))
-        packed, qscale, qoffset = self._query_codes(q, run_part)
-        out = nk.empty((int(at[-1]), 1), dtype="int32")
-        l2 = self.metric == "l2"
-        norms = np.empty(int(at[-1]) if l2 else 0, np.float32)
-        scores, codes = cast(Any, out), self._codes  # sliced into each run's rows
-        for p, a, n, o in zip(run_part.tolist(), lo.tolist(), length.tolist(), at[:-1].tolist(), strict=True):
-            nk.dots_packed(codes[p][a : a + n], packed[p], out=scores[o : o + n])
-            if l2:
-                norms[o : o + n] = self._lists[p].norms[a : a + n]
-        located = (run_part, lo, at)
-        # principal-component codes: q.x = step * (q8 . code) + q.mean
-        offsets = np.repeat(qoffset[run_part], length) if qoffset.any() else None
-        if l2:  # |x|^2 - 2 q.x; |q|^2 is the same for every row
-            dots = np.asarray(out).reshape(-1) * np.repeat(qscale[run_part], length)
-            if offsets is not None:
-                dots += offsets
-            return norms * norms - 2.0 * dots, located
-        keys = np.repeat(-qscale[run_part], length)  # -(q.x), built in place: exactly -(step * dot + offset)
-        keys *= np.asarray(out).reshape(-1)
-        if offsets is not None:
-            keys -= offsets
-        return keys, located
+        runs = np.stack((part[first], start[first], start[last] + size[last] - start[first]), 1)
+        return self._code_scan.runs(*self._query_codes(q, runs[:, 0]), runs), runs
 
     def _query_codes(
         self, q: _Floats, run_part: _Ints
-    ) -> tuple[dict[int, nk.PackedMatrix], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """``IvfLists.query_codes`` for each part in ``run_part``, bit for bit, with one quantization per kind of
-        code instead of one per part (a sixth of a 16-part query's time): the query's codes packed for the
-        kernel, and each part's step and offset (indexed by part)."""
+        code instead of one per part (a sixth of a 16-part query's time): the query's codes (a row per part),
+        and each part's step and offset, as ``CodeScan`` takes them."""
         wanted = np.zeros(len(self._lists), bool)
         wanted[run_part] = True
-        packed: dict[int, nk.PackedMatrix] = {}
+        q8 = np.zeros((len(self._lists), self._code_scan.width), np.int8)
         qscale, qoffset = np.zeros(len(self._lists), np.float64), np.zeros(len(self._lists), np.float64)
         for members, scales in self._kinds:
             take = np.flatnonzero(wanted[members])
@@ -202,11 +178,10 @@ class VectorUnion:
                     assert lists.proj is not None and lists.mean is not None
                     np.matmul(q, lists.proj, out=x[i])
                     qoffset[p] = float(q @ lists.mean)
-            q8, step = quantize_query(x, scales[take])
+            codes, step = quantize_query(x, scales[take])
             qscale[parts] = step
-            for i, p in enumerate(parts):
-                packed[p] = nk.dots_pack(q8[i : i + 1])
-        return packed, qscale, qoffset
+            q8[parts, : codes.shape[1]] = codes
+        return q8, qscale, qoffset
 
     def _rerank(self, q: _Floats, part: _Ints, pos: _Ints, k: int) -> list[tuple[int, _Ints, _Floats]]:
         """Exact distances of the candidates (gathered part by part), then the k nearest: by (distance, part,
@@ -228,11 +203,8 @@ class VectorUnion:
         return [(int(owner[a]), rows[keep[a:b]], dist[keep[a:b]]) for a, b in itertools.pairwise(bounds)]
 
 
-_Runs = tuple[_Ints, _Ints, _Ints]  # per run of scanned rows: its part, first position, start in the scores
-
-
-def _locate(index: _Ints, runs: _Runs) -> tuple[_Ints, _Ints]:
-    """(part, position) of first-pass scores by their index."""
-    run_part, lo, at = runs
+def _locate(index: _Ints, runs: _Ints) -> tuple[_Ints, _Ints]:
+    """(part, position) of first-pass keys by their index, from the runs (part, first position, length)."""
+    at = np.cumsum(runs[:, 2]) - runs[:, 2]
     r = np.searchsorted(at, index, side="right") - 1
-    return run_part[r], lo[r] + index - at[r]
+    return runs[r, 0], runs[r, 1] + index - at[r]
