@@ -33,7 +33,7 @@ def expected_keys(lists: IvfLists, q: np.ndarray, pos: np.ndarray, metric: str) 
 @pytest.mark.parametrize("metric", METRICS)
 def test_keys_are_numpys_bit_for_bit_over_runs_of_several_parts_and_over_positions(metric: str) -> None:
     parts = [lists_of(low_rank(3_000, 128, 16, seed=s), metric, reduce=s != 1) for s in range(3)]
-    scan = CodeScan(parts, metric)
+    scan = CodeScan([(p.codes, p.norms) for p in parts], metric)
     assert scan.width == 128  # part 1 keeps full codes; the others are of fewer components
     rng = np.random.default_rng(0)
     for q in low_rank(4, 128, 16, seed=9):
@@ -52,7 +52,7 @@ def test_keys_are_numpys_bit_for_bit_over_runs_of_several_parts_and_over_positio
 
 def test_rows_outside_a_part_and_a_query_of_the_wrong_shape_are_refused() -> None:
     part = lists_of(clustered(1_000, 8), "l2", reduce=False)
-    scan = CodeScan([part], "l2")
+    scan = CodeScan([(part.codes, part.norms)], "l2")
     q8, step, offset = np.zeros((1, 8), np.int8), np.ones(1), np.zeros(1)
     for runs in ([[0, 990, 11]], [[0, -1, 2]], [[1, 0, 5]]):
         with pytest.raises(IndexError):
@@ -71,7 +71,7 @@ def test_a_scan_lets_other_threads_run() -> None:
     """The whole first pass is one call without the interpreter lock: a thread running Python meanwhile is
     never held up for long (were the call to hold the lock, that thread would stop for the whole call)."""
     part = lists_of(clustered(20_000, 192, centers=20), "cosine", reduce=False)
-    scan = CodeScan([part], "cosine")
+    scan = CodeScan([(part.codes, part.norms)], "cosine")
     q8, step, offset = part.query_codes(part.vectors[0])
     scan.runs(q8, np.array([step]), np.array([offset]), np.array([[0, 0, 1]]))  # compiled (or loaded) first
     runs = np.array([[0, 0, 20_000]] * 2_000, np.int64)  # 40M rows: ~0.4 s
@@ -106,7 +106,8 @@ from superfile.format.vector_index import VectorIndex, build_vector_index
 x = np.random.default_rng(0).standard_normal((500, 8)).astype(np.float32)
 lists = VectorIndex.from_buffer(build_vector_index(x, "l2")).ivf_lists
 q8, step, offset = lists.query_codes(x[3])
-keys = ivf_scan.CodeScan([lists], "l2").runs(q8, np.array([step]), np.array([offset]), np.array([[0, 0, 500]]))
+scan = ivf_scan.CodeScan([(lists.codes, lists.norms)], "l2")
+keys = scan.runs(q8, np.array([step]), np.array([offset]), np.array([[0, 0, 500]]))
 print(type(ivf_scan._scan_runs._cache).__name__, keys.tobytes().hex())
 """
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True)

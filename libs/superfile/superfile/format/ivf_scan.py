@@ -28,8 +28,6 @@ import numpy.typing as npt
 from numba.core import types
 from numba.extending import intrinsic
 
-from superfile.format.vector_index import IvfLists
-
 __all__ = ["CodeScan"]
 
 _Keys = npt.NDArray[np.float64]
@@ -41,8 +39,8 @@ def _pointer_to(dtype: Any) -> Any:
     pointer = types.CPointer(dtype)
 
     @intrinsic
-    def at(typingctx: Any, address: Any) -> Any:
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    def at(_typing: Any, address: Any) -> Any:
+        def codegen(context: Any, builder: Any, _signature: Any, args: Any) -> Any:
             return builder.inttoptr(args[0], context.get_value_type(pointer))
 
         return pointer(types.intp), codegen
@@ -117,20 +115,21 @@ def _scan_positions(
 
 
 class CodeScan:
-    """First-pass keys over the codes of some IVF indexes (one metric), addressed by (part, position).
+    """First-pass keys over the codes of some IVF indexes (one metric), addressed by (part, position): each
+    part given as its ``IvfLists`` codes (rows, code dims) int8 and row norms float32.
 
     Queries come coded per part (``IvfLists.query_codes``): ``q8`` (parts, widest code) int8, each row's first
     ``codes.shape[1]`` used, and per part ``step`` and ``offset`` (float64)."""
 
-    def __init__(self, lists: Sequence[IvfLists], metric: str) -> None:
-        for x in lists:
-            if not (x.codes.flags.c_contiguous and x.norms.flags.c_contiguous):
-                raise ValueError("a code scan reads codes and norms in place: they must be contiguous")
-        self._lists = list(lists)  # keeps the memory behind the addresses alive
-        self._code_at = np.array([x.codes.ctypes.data for x in lists], np.int64)
-        self._norm_at = np.array([x.norms.ctypes.data for x in lists], np.int64)
-        self._rows = np.array([x.codes.shape[0] for x in lists], np.int64)
-        self._dims = np.array([x.codes.shape[1] for x in lists], np.int64)
+    def __init__(self, parts: Sequence[tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]], metric: str) -> None:
+        for codes, norms in parts:
+            if not (codes.flags.c_contiguous and norms.flags.c_contiguous and len(norms) == len(codes)):
+                raise ValueError("a code scan reads codes and norms in place: a norm a row, contiguous")
+        self._parts = list(parts)  # keeps the memory behind the addresses alive
+        self._code_at = np.array([codes.ctypes.data for codes, _ in parts], np.int64)
+        self._norm_at = np.array([norms.ctypes.data for _, norms in parts], np.int64)
+        self._rows = np.array([codes.shape[0] for codes, _ in parts], np.int64)
+        self._dims = np.array([codes.shape[1] for codes, _ in parts], np.int64)
         self._l2 = metric == "l2"
 
     @property

@@ -380,7 +380,7 @@ class VectorIndex:
 
         lists = self.ivf_lists
         assert lists is not None
-        return CodeScan([lists], self.metric)
+        return CodeScan([(lists.codes, lists.norms)], self.metric)
 
     def _ivf_search(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
         offsets = self._offsets

@@ -64,7 +64,7 @@ class VectorUnion:
         self.metric = parts[0].metric
         from superfile.format.ivf_scan import CodeScan  # numba: ~0.2 s to import, paid by a first IVF search
 
-        self._code_scan = CodeScan(self._lists, self.metric)
+        self._code_scan = CodeScan([(x.codes, x.norms) for x in self._lists], self.metric)
         nlist = np.array([len(x.bias) for x in self._lists], np.int64)
         self._first = np.concatenate(([0], np.cumsum(nlist)))  # part p's lists: first[p] .. first[p + 1]
         self._bias = np.concatenate([x.bias for x in self._lists])
