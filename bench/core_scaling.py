@@ -7,7 +7,8 @@ native calls driven from Python, and most of those calls release the interpreter
 microseconds: with a second thread waiting, each release hands the lock over (a futex wake and a context
 switch), so two threads cost more CPU per query than one. Two processes share nothing of the kind. This
 runs the same queries over the same table (a ``search_bench.py`` cache, built there) the three ways, for
-superfile's vector (nprobe 8) and BM25 searches, beside the single usearch and tantivy indexes, each
+superfile's vector (nprobe 8), BM25, filtered vector (10% of rows) and hybrid searches, the first two beside
+the single usearch and tantivy indexes (``--kinds`` picks some), each
 ``--repeat`` times, alternating, and reports medians: queries/s (all clients together) and CPU ms per
 query (every thread of every measuring process).
 """
@@ -32,6 +33,8 @@ CASES: tuple[Case, ...] = (
     ("usearch", "vector", {"ef": 256}),
     ("superfile", "bm25", {}),
     ("tantivy", "bm25", {}),
+    ("superfile", "filtered", {"level": 0.1}),
+    ("superfile", "hybrid", {}),
 )
 KEYS = ("qps", "cpu_ms_per_query")
 
@@ -87,13 +90,16 @@ def main() -> None:
     p.add_argument("--cache", type=Path, default=Path("/tmp/sfbench-search"))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--passes", type=int, default=10)
+    p.add_argument("--kinds", default="vector,bm25,filtered,hybrid", help="which of the cases to run")
+    p.add_argument("--out", default="core_scaling", help="results file name under bench/results (no .json)")
     args = p.parse_args()
     if not build_info(args.cache):
         raise SystemExit(f"{args.cache}: no search_bench.py build there (run it with --cache {args.cache} first)")
     ways = {"1 thread": (1, 1), "2 threads": (1, 2), "2 processes": (2, 1)}
     runs: dict[str, dict[str, list[dict[str, float]]]] = {}
+    cases = [c for c in CASES if c[1] in args.kinds.split(",")]
     for _ in range(args.repeat):
-        for case in CASES:
+        for case in cases:
             name = f"{case[1]} {case[0]}"
             for way, (procs, threads) in ways.items():
                 runs.setdefault(name, {}).setdefault(way, []).append(run(case, args.cache, procs, threads, args.passes))
@@ -109,7 +115,7 @@ def main() -> None:
         ]
         print(f"{name}: " + "; ".join(cells), flush=True)
     save(
-        "core_scaling",
+        args.out,
         {"cache": str(args.cache), "repeat": args.repeat, "passes": args.passes, "runs": runs, "medians": summary},
     )
     print(json.dumps(summary, indent=1))
