@@ -2,10 +2,11 @@
 
     .venv/bin/python bench/core_scaling.py --cache /tmp/sfbench-250k
 
-Issue 20 asks two client threads for 1.8x the queries/s of one. A search here is a few hundred numpy and
-native calls driven from Python, and most of those calls release the interpreter lock for a few
-microseconds: with a second thread waiting, each release hands the lock over (a futex wake and a context
-switch), so two threads cost more CPU per query than one. Two processes share nothing of the kind. This
+Issue 20 asks two client threads for 1.8x the queries/s of one. Around its native calls (the IVF scan is one,
+without the interpreter lock) a search is a few hundred numpy calls and Python, and most numpy calls release
+the lock for a few microseconds: with a second thread waiting, each release hands the lock over (a futex wake
+and a context switch), so two threads cost more CPU per query than one. Two processes share nothing of the
+kind. This
 runs the same queries over the same table (a ``search_bench.py`` cache, built there) the three ways, for
 superfile's vector (nprobe 8), BM25, filtered vector (10% of rows) and hybrid searches, the first two beside
 the single usearch and tantivy indexes (``--kinds`` picks some), each
