@@ -1,4 +1,5 @@
-"""The compiled IVF first pass: the keys numpy computes, bounds checked, and the interpreter lock let go."""
+"""The compiled steps of an IVF search: what numpy computes, the same for a part alone or among others, bounds
+checked, and the interpreter lock let go."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from superfile.format.ivf_scan import CodeScan
+from superfile.format.ivf_scan import IvfParts
 from superfile.format.vector_index import METRICS, IvfLists, VectorIndex, VectorIndexParams, build_vector_index
 from test_vector_index import clustered, low_rank
 
@@ -20,29 +21,38 @@ def lists_of(x: np.ndarray, metric: str, reduce: bool) -> IvfLists:
     return lists
 
 
+def coded(lists: IvfLists, q: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """The query coded for one index as its own search codes it: (q8 row, step, offset)."""
+    q8, step, offset = IvfParts([lists], "cosine").query_codes(q, np.zeros(1, np.int64))
+    return q8[0], float(step[0]), float(offset[0])
+
+
 def expected_keys(lists: IvfLists, q: np.ndarray, pos: np.ndarray, metric: str) -> np.ndarray:
     """The key of each row as numpy computes it: exact integer dots, then float64 in the documented order."""
-    q8, step, offset = lists.query_codes(q)
-    dots = lists.codes[pos].astype(np.int64) @ q8[0].astype(np.int64)
+    q8, step, offset = coded(lists, q)
+    dots = lists.codes[pos].astype(np.int64) @ q8.astype(np.int64)
     if metric == "l2":
         norms = lists.norms[pos]
         return (norms * norms).astype(np.float64) - 2.0 * (dots * step + offset)
     return -step * dots.astype(np.float64) - offset
 
 
-@pytest.mark.parametrize("metric", METRICS)
-def test_keys_are_numpys_bit_for_bit_over_runs_of_several_parts_and_over_positions(metric: str) -> None:
-    parts = [lists_of(low_rank(3_000, 128, 16, seed=s), metric, reduce=s != 1) for s in range(3)]
-    scan = CodeScan([(p.codes, p.norms) for p in parts], metric)
+@pytest.fixture(scope="module", params=METRICS)
+def mixed(request: pytest.FixtureRequest) -> tuple[str, list[IvfLists]]:
+    """Three parts of one metric: two of principal-component codes (of their own bases), one of full codes."""
+    metric = request.param
+    return metric, [lists_of(low_rank(3_000, 128, 16, seed=s), metric, reduce=s != 1) for s in range(3)]
+
+
+def test_keys_are_numpys_bit_for_bit_over_runs_of_several_parts_and_over_positions(
+    mixed: tuple[str, list[IvfLists]],
+) -> None:
+    metric, parts = mixed
+    scan = IvfParts(parts, metric)
     assert scan.width == 128  # part 1 keeps full codes; the others are of fewer components
     rng = np.random.default_rng(0)
     for q in low_rank(4, 128, 16, seed=9):
-        coded = [p.query_codes(q) for p in parts]
-        q8 = np.zeros((3, scan.width), np.int8)
-        for i, (codes, _, _) in enumerate(coded):
-            q8[i, : codes.shape[1]] = codes[0]
-        step = np.array([c[1] for c in coded])
-        offset = np.array([c[2] for c in coded])
+        q8, step, offset = scan.query_codes(q, np.arange(3))
         runs = np.array([[2, 100, 700], [0, 0, 1], [1, 2_500, 500], [0, 2_999, 1], [2, 0, 0]], np.int64)
         want = np.concatenate([expected_keys(parts[p], q, np.arange(a, a + n), metric) for p, a, n in runs])
         assert np.array_equal(scan.runs(q8, step, offset, runs), want)
@@ -50,9 +60,39 @@ def test_keys_are_numpys_bit_for_bit_over_runs_of_several_parts_and_over_positio
         assert np.array_equal(scan.positions(2, q8, step, offset, pos), expected_keys(parts[2], q, pos, metric))
 
 
+def test_a_part_is_routed_and_coded_among_others_as_alone_and_as_numpy_would(
+    mixed: tuple[str, list[IvfLists]],
+) -> None:
+    """Bit for bit the same scores and codes whichever parts a query goes to (so a union probes the lists and
+    scores the rows a part's own search does); within float32 rounding of numpy's products."""
+    metric, parts = mixed
+    union = IvfParts(parts, metric)
+    first = np.concatenate(([0], np.cumsum([len(p.bias) for p in parts])))
+    for q in low_rank(4, 128, 16, seed=11):
+        scores = union.route(q, np.array([2, 0]))
+        assert not scores[first[1] : first[2]].any()  # part 1 not asked for
+        q8, step, offset = union.query_codes(q, np.array([0, 2, 2]))
+        assert step[1] == 0.0 and not q8[1].any()
+        for p in (0, 2):
+            lists = parts[p]
+            alone = IvfParts([lists], metric)
+            own = alone.route(q, np.zeros(1, np.int64))
+            assert np.array_equal(scores[first[p] : first[p + 1]], own)
+            np.testing.assert_allclose(own, lists.bias - 2.0 * (lists.centroids @ q), rtol=1e-5, atol=1e-5)
+            own_q8, own_step, own_offset = coded(lists, q)
+            width = lists.codes.shape[1]
+            assert (step[p], offset[p]) == (own_step, own_offset)
+            assert np.array_equal(q8[p, :width], own_q8) and not q8[p, width:].any()
+            # numpy's coding: the projection (or q), scaled, over the step, rounded
+            x = q if lists.proj is None else q @ lists.proj
+            np.testing.assert_allclose(offset[p], 0.0 if lists.mean is None else float(q @ lists.mean), atol=1e-5)
+            np.testing.assert_allclose(step[p], np.abs(x * lists.scale).max() / 127.0, rtol=1e-5)
+            assert np.abs(own_q8.astype(int) - np.rint(x * lists.scale / step[p])).max() <= 1
+
+
 def test_rows_outside_a_part_and_a_query_of_the_wrong_shape_are_refused() -> None:
     part = lists_of(clustered(1_000, 8), "l2", reduce=False)
-    scan = CodeScan([(part.codes, part.norms)], "l2")
+    scan = IvfParts([part], "l2")
     q8, step, offset = np.zeros((1, 8), np.int8), np.ones(1), np.zeros(1)
     for runs in ([[0, 990, 11]], [[0, -1, 2]], [[1, 0, 5]]):
         with pytest.raises(IndexError):
@@ -71,9 +111,9 @@ def test_a_scan_lets_other_threads_run() -> None:
     """The whole first pass is one call without the interpreter lock: a thread running Python meanwhile is
     never held up for long (were the call to hold the lock, that thread would stop for the whole call)."""
     part = lists_of(clustered(20_000, 192, centers=20), "cosine", reduce=False)
-    scan = CodeScan([(part.codes, part.norms)], "cosine")
-    q8, step, offset = part.query_codes(part.vectors[0])
-    scan.runs(q8, np.array([step]), np.array([offset]), np.array([[0, 0, 1]]))  # compiled (or loaded) first
+    scan = IvfParts([part], "cosine")
+    q8, step, offset = scan.query_codes(part.vectors[0], np.zeros(1, np.int64))
+    scan.runs(q8, step, offset, np.array([[0, 0, 1]]))  # compiled (or loaded) first
     runs = np.array([[0, 0, 20_000]] * 2_000, np.int64)  # 40M rows: ~0.4 s
     running, stop, longest = threading.Event(), threading.Event(), [0.0]
 
@@ -88,7 +128,7 @@ def test_a_scan_lets_other_threads_run() -> None:
     thread.start()
     running.wait(10)
     start = time.perf_counter()
-    scan.runs(q8, np.array([step]), np.array([offset]), runs)
+    scan.runs(q8, step, offset, runs)
     took = time.perf_counter() - start
     stop.set()
     thread.join(10)
@@ -105,9 +145,8 @@ from superfile.format import ivf_scan
 from superfile.format.vector_index import VectorIndex, build_vector_index
 x = np.random.default_rng(0).standard_normal((500, 8)).astype(np.float32)
 lists = VectorIndex.from_buffer(build_vector_index(x, "l2")).ivf_lists
-q8, step, offset = lists.query_codes(x[3])
-scan = ivf_scan.CodeScan([(lists.codes, lists.norms)], "l2")
-keys = scan.runs(q8, np.array([step]), np.array([offset]), np.array([[0, 0, 500]]))
+scan = ivf_scan.IvfParts([lists], "l2")
+keys = scan.runs(*scan.query_codes(x[3], np.zeros(1, np.int64)), np.array([[0, 0, 500]]))
 print(type(ivf_scan._scan_runs._cache).__name__, keys.tobytes().hex())
 """
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True)

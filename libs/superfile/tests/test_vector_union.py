@@ -92,26 +92,6 @@ def test_parts_with_reduced_and_full_codes_rank_together(metric) -> None:
     assert got / (10 * len(queries)) >= 0.95
 
 
-def test_the_query_is_coded_for_every_part_as_the_part_codes_it() -> None:
-    """The union quantizes the query once per kind of code (full, or of so many principal components), not
-    once per part: each part still gets bit for bit the codes, step and offset its own index computes."""
-    data = low_rank(9_000, 128, 16, seed=6)
-    bounds = [0, 3_000, 5_000, 7_000, 9_000]
-    parts = [index(data[a:b], "cosine", reduce=p != 1) for p, (a, b) in enumerate(itertools.pairwise(bounds))]
-    assert [p.ivf_lists.proj is not None for p in parts] == [True, False, True, True]
-    union = VectorUnion(parts)
-    for q in low_rank(5, 128, 16, seed=7):
-        q = parts[0].prepare_query(q)
-        q8, step, offset = union._query_codes(q, np.array([0, 1, 1, 3]))  # part 2 not wanted
-        assert step[2] == 0.0 and not q8[2].any()
-        for p in (0, 1, 3):
-            lists = parts[p].ivf_lists
-            own_q8, own_step, own_offset = lists.query_codes(q)
-            assert (step[p], offset[p]) == (own_step, own_offset)
-            width = lists.codes.shape[1]
-            assert np.array_equal(q8[p, :width], own_q8[0]) and not q8[p, width:].any()
-
-
 def test_only_the_named_parts_are_searched() -> None:
     xs = [clustered(500, 8, seed=s) for s in range(3)]
     union = VectorUnion([index(x, "l2") for x in xs])

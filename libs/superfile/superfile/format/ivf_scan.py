@@ -1,26 +1,29 @@
-"""The IVF first pass, compiled: int8 scores of many rows in one call that does not hold the interpreter lock.
+"""The steps of an IVF search that touch every probed superfile, compiled: each one call without the interpreter lock.
 
 Run by a numkong kernel call per run of adjacent probed lists, a 16-superfile query at nprobe 24 made ~160
 calls and as many numpy passes to turn dots into keys; each released the interpreter lock for microseconds,
 so a second thread searching handed the lock over ~300 times a query and two client threads answered fewer
 queries a second than one (0.66x, ``bench/core_scaling.py``). These loops score every run of every part in
 one call, the lock released throughout: the two threads then answered 1.76x what one did, and one thread
-1.24x what it did before, on the same 250K-row table.
+1.24x what it did before, on the same 250K-row table. Routing (each part's centroids against the query) and
+the projection of the query into each part's principal components were a BLAS call per part and per step,
+with Python around each; they are one call each too.
 
 A row's key is ``-(step * (q8 . code) + offset)``, or ``|x|^2 - 2 (step * (q8 . code) + offset)`` under l2:
 an estimate of its distance to the query, up to a term the same for every row, that compares across parts
-(each has its own code scales and basis: ``IvfLists.query_codes``). The dot product is exact in integers,
-the rest is float64 in this order, so a row gets the same key from a union of superfiles as from its own
-index.
+(each has its own code scales and basis: :meth:`IvfParts.query_codes`). The dot product is exact in
+integers, the rest is float64 in this order. Every part is routed, coded and scored by the same code
+whichever parts it is searched with, so a row gets the same key from a union of superfiles as from its own
+index, and a query probes the same lists.
 
-The kernels read each part's codes and norms where they lie (a mapped superfile), by address: numba's
-typed lists would also serve, but building one costs ~0.5 s of compilation in every process.
+The kernels read each part's sections where they lie (a mapped superfile), by address: numba's typed lists
+would also serve, but building one costs ~0.5 s of compilation in every process.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numba
 import numpy as np
@@ -28,10 +31,32 @@ import numpy.typing as npt
 from numba.core import types
 from numba.extending import intrinsic
 
-__all__ = ["CodeScan"]
+__all__ = ["IvfParts", "IvfSections"]
 
 _Keys = npt.NDArray[np.float64]
 _Ints = npt.NDArray[np.int64]
+_Floats = npt.NDArray[np.float32]
+
+
+class IvfSections(Protocol):
+    """What the kernels read of one IVF index (``vector_index.IvfLists``): list centroids (nlist, dim) with their
+    scoring bias, the int8 codes (rows, code dims) with per-component scales, the rows' norms, and for codes of
+    principal components the mean and the axes (dim, code dims). All C-contiguous."""
+
+    @property
+    def centroids(self) -> _Floats: ...
+    @property
+    def bias(self) -> _Floats: ...
+    @property
+    def codes(self) -> npt.NDArray[np.int8]: ...
+    @property
+    def scale(self) -> _Floats: ...
+    @property
+    def norms(self) -> _Floats: ...
+    @property
+    def mean(self) -> _Floats | None: ...
+    @property
+    def proj(self) -> _Floats | None: ...
 
 
 def _pointer_to(dtype: Any) -> Any:
@@ -58,8 +83,50 @@ def _compiled(function: Any) -> Any:
         return numba.njit(nogil=True)(function)
 
 
+def _compiled_fast(function: Any) -> Any:
+    """As :func:`_compiled`, with float sums reassociated (so vectorized): float32 dot products."""
+    try:
+        return numba.njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})(function)
+    except RuntimeError:
+        return numba.njit(nogil=True, fastmath={"reassoc", "nsz"})(function)
+
+
 _int8_at = _pointer_to(types.int8)
 _float32_at = _pointer_to(types.float32)
+
+
+@_compiled_fast
+def _dot(a: Any, b: Any) -> Any:
+    total = np.float32(0.0)
+    for j in range(len(a)):
+        total += a[j] * b[j]
+    return total
+
+
+@_compiled
+def _route(cent_at: Any, bias_at: Any, nlist: Any, dim: int, parts: Any, first: Any, q: Any, out: Any) -> None:
+    for i in range(len(parts)):
+        p = parts[i]
+        centroids = numba.carray(_float32_at(cent_at[p]), (nlist[p], dim))
+        bias = numba.carray(_float32_at(bias_at[p]), (nlist[p],))
+        at = first[p]
+        for lst in range(nlist[p]):
+            out[at + lst] = bias[lst] - np.float32(2.0) * _dot(centroids[lst], q)
+
+
+@_compiled
+def _project(proj_at: Any, mean_at: Any, dims: Any, dim: int, parts: Any, q: Any, x: Any, offset: Any) -> None:
+    for i in range(len(parts)):
+        p = parts[i]
+        axes = numba.carray(_float32_at(proj_at[p]), (dim, dims[p]))
+        row = x[i]
+        row[:] = 0.0
+        for j in range(dim):  # row += q[j] * axes[j]: each component summed in order of j, across the row at once
+            qj = q[j]
+            axis = axes[j]
+            for c in range(dims[p]):
+                row[c] += qj * axis[c]
+        offset[p] = _dot(q, numba.carray(_float32_at(mean_at[p]), (dim,)))
 
 
 @_compiled
@@ -114,23 +181,81 @@ def _scan_positions(
         keys[i] = _key(codes, norms, pos[i], q, step[p], offset[p], l2)
 
 
-class CodeScan:
-    """First-pass keys over the codes of some IVF indexes (one metric), addressed by (part, position): each
-    part given as its ``IvfLists`` codes (rows, code dims) int8 and row norms float32.
+class IvfParts:
+    """The compiled steps over some IVF indexes of one dimension and metric (the parts), each part addressed by
+    its number: routing, query coding, first-pass keys by (part, position)."""
 
-    Queries come coded per part (``IvfLists.query_codes``): ``q8`` (parts, widest code) int8, each row's first
-    ``codes.shape[1]`` used, and per part ``step`` and ``offset`` (float64)."""
-
-    def __init__(self, parts: Sequence[tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]], metric: str) -> None:
-        for codes, norms in parts:
-            if not (codes.flags.c_contiguous and norms.flags.c_contiguous and len(norms) == len(codes)):
-                raise ValueError("a code scan reads codes and norms in place: a norm a row, contiguous")
+    def __init__(self, parts: Sequence[IvfSections], metric: str) -> None:
+        for x in parts:
+            arrays = [x.centroids, x.bias, x.codes, x.scale, x.norms] + ([] if x.proj is None else [x.proj, x.mean])
+            if not all(a is not None and a.flags.c_contiguous for a in arrays) or len(x.norms) != len(x.codes):
+                raise ValueError("the kernels read the sections in place: contiguous, a norm a row")
         self._parts = list(parts)  # keeps the memory behind the addresses alive
-        self._code_at = np.array([codes.ctypes.data for codes, _ in parts], np.int64)
-        self._norm_at = np.array([norms.ctypes.data for _, norms in parts], np.int64)
-        self._rows = np.array([codes.shape[0] for codes, _ in parts], np.int64)
-        self._dims = np.array([codes.shape[1] for codes, _ in parts], np.int64)
+        self._dim = int(parts[0].centroids.shape[1]) if parts else 0
+        self._cent_at = _addresses(x.centroids for x in parts)
+        self._bias_at = _addresses(x.bias for x in parts)
+        self._code_at = _addresses(x.codes for x in parts)
+        self._norm_at = _addresses(x.norms for x in parts)
+        self._proj_at = _addresses(x.proj for x in parts)
+        self._mean_at = _addresses(x.mean for x in parts)
+        self._nlist = np.array([len(x.bias) for x in parts], np.int64)
+        self._first = np.concatenate(([0], np.cumsum(self._nlist)))  # part p's lists: first[p] .. first[p + 1]
+        self._rows = np.array([x.codes.shape[0] for x in parts], np.int64)
+        self._dims = np.array([x.codes.shape[1] for x in parts], np.int64)
         self._l2 = metric == "l2"
+        # the parts by how a query is coded for them (full or principal-component codes, of so many dimensions),
+        # with their code scales stacked: one quantization of the query for all the parts of a kind
+        kinds: dict[tuple[bool, int], list[int]] = {}
+        for p, x in enumerate(parts):
+            kinds.setdefault((x.proj is not None, x.codes.shape[1]), []).append(p)
+        self._kinds = [
+            (np.array(ps, np.int64), np.stack([parts[p].scale for p in ps]), parts[ps[0]].proj is not None)
+            for ps in kinds.values()
+        ]
+
+    @property
+    def lists(self) -> int:
+        """The lists of all the parts: the length of :meth:`route`'s scores."""
+        return int(self._first[-1])
+
+    def route(self, q: _Floats, parts: _Ints) -> _Floats:
+        """``bias - 2 c.q`` of every list of ``parts`` (smaller is nearer), in one array numbering the lists of
+        all the parts in order (part p's first at the sum of the earlier parts' list counts); other parts' 0."""
+        out = np.zeros(self.lists, np.float32)
+        parts = np.asarray(parts, np.int64)
+        if len(parts) and (parts.min() < 0 or parts.max() >= len(self._parts)):
+            raise IndexError(f"parts must be in [0, {len(self._parts)})")
+        _route(self._cent_at, self._bias_at, self._nlist, self._dim, parts, self._first, _query(q, self._dim), out)
+        return out
+
+    def query_codes(self, q: _Floats, parts: _Ints) -> tuple[npt.NDArray[np.int8], _Keys, _Keys]:
+        """The query coded for each of ``parts`` as its codes are: ``q8`` (one row per part, the widest code's
+        columns, a part's first ``code dims`` used; other parts' rows 0), and per part the ``step`` and
+        ``offset`` such that ``step * (q8 . code) + offset`` estimates q.x for any of its rows. One projection
+        call for all the parts of principal-component codes, one quantization per kind of code."""
+        q = _query(q, self._dim)
+        wanted = np.zeros(len(self._parts), bool)
+        wanted[np.asarray(parts, np.int64)] = True
+        q8 = np.zeros((len(self._parts), self.width), np.int8)
+        step, offset = np.zeros(len(self._parts), np.float64), np.zeros(len(self._parts), np.float64)
+        for members, scales, reduced in self._kinds:
+            take = np.flatnonzero(wanted[members])
+            if not len(take):
+                continue
+            chosen = members[take]
+            if reduced:  # the query's principal components in each part's own basis
+                x = np.empty((len(chosen), scales.shape[1]), np.float32)
+                _project(self._proj_at, self._mean_at, self._dims, self._dim, chosen, q, x, offset)
+            else:  # full codes: the query itself
+                x = q[None]
+            # the per-component scales folded into the query, then int8 with a step per part: the factor from a
+            # dot product with the codes back to the scaled query's
+            w = x * scales[take]
+            peak = np.abs(w).max(axis=1).astype(np.float64)
+            part_step = np.where(peak > 0, peak / 127.0, 1.0)
+            q8[chosen, : w.shape[1]] = np.rint(w / part_step.astype(np.float32)[:, None]).astype(np.int8)
+            step[chosen] = part_step
+        return q8, step, offset
 
     @property
     def width(self) -> int:
@@ -160,3 +285,16 @@ class CodeScan:
         parts = len(self._rows)
         if q8.shape != (parts, self.width) or step.shape != (parts,) or offset.shape != (parts,):
             raise ValueError(f"a query coded for {parts} parts of width {self.width} was expected")
+
+
+def _addresses(arrays: Any) -> _Ints:
+    """Where each array's data starts (0 for a missing one)."""
+    return np.array([0 if a is None else a.ctypes.data for a in arrays], np.int64)
+
+
+def _query(q: _Floats, dim: int) -> _Floats:
+    """The query as the kernels take it: one specialization for every caller (same code, same bits)."""
+    q = np.require(q, np.float32, ["C", "W"])
+    if q.shape != (dim,):
+        raise ValueError(f"a query of {dim} components was expected, got shape {q.shape}")
+    return q

@@ -41,7 +41,7 @@ from superfile.errors import (
 )
 
 if TYPE_CHECKING:
-    from superfile.format.ivf_scan import CodeScan
+    from superfile.format.ivf_scan import IvfParts
 
 __all__ = [
     "KINDS",
@@ -52,7 +52,6 @@ __all__ = [
     "build_vector_blob",
     "build_vector_index",
     "exact_distances",
-    "quantize_query",
     "smallest",
 ]
 
@@ -171,16 +170,6 @@ class IvfLists:
     rerank: int
     mean: _Floats | None
     proj: _Floats | None
-
-    def query_codes(self, q: _Floats) -> tuple[npt.NDArray[np.int8], float, float]:
-        """``q`` in the codes' space, quantized to int8 (1, code dims), with ``step`` and ``offset`` such that
-        ``step * (q8 . code) + offset`` estimates ``q.x`` for any row; the offset is the same for every row."""
-        if self.proj is None:
-            q8, step = quantize_query(q, self.scale[None])
-            return q8, float(step[0]), 0.0
-        assert self.mean is not None
-        q8, step = quantize_query((q @ self.proj)[None], self.scale[None])
-        return q8, float(step[0]), float(q @ self.mean)
 
 
 class VectorIndex:
@@ -349,7 +338,7 @@ class VectorIndex:
         """Scan the allowed rows themselves: int8 first pass (IVF only), then exact rerank."""
         want = max(rerank, k)
         if self.kind == "ivf" and len(pos) > want:
-            pos = pos[smallest(self._code_scan.positions(0, *self._quantized_query(q), pos), want)]
+            pos = pos[smallest(self._kernels.positions(0, *self._quantized_query(q), pos), want)]
         return self._rerank(q, pos, k)
 
     def _rerank(self, q: _Floats, pos: _Ints, k: int) -> tuple[_Ints, _Floats]:
@@ -368,24 +357,21 @@ class VectorIndex:
     def _quantized_query(
         self, q: _Floats
     ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """The query coded for ``_code_scan``: its int8 codes (1, code dims), step and offset."""
-        lists = self.ivf_lists
-        assert lists is not None
-        q8, step, offset = lists.query_codes(q)
-        return q8, np.array([step]), np.array([offset])
+        """The query coded for the first pass: its int8 codes (1, code dims), step and offset."""
+        return self._kernels.query_codes(q, np.zeros(1, np.int64))
 
     @cached_property
-    def _code_scan(self) -> CodeScan:
-        from superfile.format.ivf_scan import CodeScan  # numba: ~0.2 s to import, paid by a first IVF search
+    def _kernels(self) -> IvfParts:
+        from superfile.format.ivf_scan import IvfParts  # numba: ~0.2 s to import, paid by a first IVF search
 
         lists = self.ivf_lists
         assert lists is not None
-        return CodeScan([(lists.codes, lists.norms)], self.metric)
+        return IvfParts([lists], self.metric)
 
     def _ivf_search(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
         offsets = self._offsets
         # |q - c|^2 - |q|^2 (l2; dot in its augmented space), -2 q.c for unit centroids (cosine)
-        order = np.argsort(self._bias - 2.0 * (self._lists @ q), kind="stable")
+        order = np.argsort(self._kernels.route(q, np.zeros(1, np.int64)), kind="stable")
         want = max(rerank, k)
         if flt is None:
             seen = np.cumsum(self._sizes[order])
@@ -410,7 +396,7 @@ class VectorIndex:
         breaks = np.flatnonzero(starts[1:] != starts[:-1] + sizes[:-1]) + 1
         first, last = np.r_[0, breaks], np.r_[breaks - 1, len(starts) - 1]
         runs = np.stack((np.zeros(len(first), np.int64), starts[first], starts[last] + sizes[last] - starts[first]), 1)
-        keys = self._code_scan.runs(*self._quantized_query(q), runs)
+        keys = self._kernels.runs(*self._quantized_query(q), runs)
         ends = np.cumsum(sizes)
         pos = np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - sizes), sizes)
         if flt is not None:
@@ -477,15 +463,6 @@ class _Filter:
         """Allowed rows in each IVF list."""
         seen = np.concatenate(([0], np.cumsum(self.mask, dtype=np.int64)))
         return seen[offsets[1:]] - seen[offsets[:-1]]
-
-
-def quantize_query(q: _Floats, scales: _Floats) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float64]]:
-    """q with each row of per-dimension code ``scales`` (m, dim) folded in, quantized to int8 (m, dim), and each
-    row's step: the factor from a dot product with the codes back to q.x."""
-    w = q * scales
-    peak = np.abs(w).max(axis=1).astype(np.float64)
-    step = np.where(peak > 0, peak / 127.0, 1.0)
-    return np.rint(w / step.astype(np.float32)[:, None]).astype(np.int8), step
 
 
 def _components(sample: _Floats) -> tuple[_Floats, _Floats] | None:

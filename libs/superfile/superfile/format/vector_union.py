@@ -6,20 +6,24 @@ rest is numpy bookkeeping repeated per superfile (routing, quantizing the
 query, merging runs, reranking). A union numbers the IVF lists of every part
 once (built per snapshot by the caller) and runs each step once for any
 subset of its parts, as one IVF index whose lists are all the parts' lists.
-It stacks only what is per list (bias, offsets, sizes); centroids, codes and
+It stacks only what is per list (offsets, sizes); centroids, codes and
 norms stay views of each part's index, so a cached union costs bytes per
-list, not per row:
+list, not per row. The steps that touch every probed part are compiled
+(``ivf_scan.IvfParts``: each one call without the interpreter lock, the
+same code ``VectorIndex.search`` runs for its one part):
 
-1. **probe**: a matrix-vector product over each part's list centroids into
-   one score buffer and one ``argpartition`` picking each part's ``nprobe`` nearest lists
+1. **probe**: one call scores each part's list centroids into one buffer,
+   and one ``argpartition`` picks each part's ``nprobe`` nearest lists
    (its own default when not given), widened for a part whose probed lists
    hold fewer than ``k`` rows: the lists ``VectorIndex.search`` probes;
-2. **first pass**: one compiled call (``CodeScan``) scores every run of adjacent probed
-   lists of every part without holding the interpreter lock, on the caller's thread
-   (concurrent searches use every core; splitting one search over two threads cut its
-   latency but cost CPU that concurrent searches needed); the parts' codes have their
-   own scales (and may be of their own principal components), so the dot products are
-   mapped back onto q.x (``IvfLists.query_codes``) and compare across parts;
+2. **first pass**: the query coded for each part as its codes are (one
+   projection call for the parts of principal-component codes, one
+   quantization per kind of code), then one call scores every run of
+   adjacent probed lists of every part, on the caller's thread (concurrent
+   searches use every core; splitting one search over two threads cut its
+   latency but cost CPU that concurrent searches needed); the parts' codes
+   have their own scales and bases, so the dot products are mapped back onto
+   q.x and compare across parts;
 3. **rerank**: exact float32 distances for the ``rerank`` best first-pass
    candidates of all the parts together (default: the largest of the parts'
    defaults). The first pass ranks across parts, so the budget is per search,
@@ -38,13 +42,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances, quantize_query, smallest
+from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances, smallest
 
 __all__ = ["VectorUnion"]
-
-# Centroids per matrix-vector product. OpenBLAS threads larger products, and its threads then wait for a
-# busy second core: 4,000 centroids took 2.1 ms in one product under load, 0.2 ms in chunks like these.
-_CHUNK = 1024
 
 _Floats = npt.NDArray[np.float32]
 _Ints = npt.NDArray[np.int64]
@@ -62,12 +62,11 @@ class VectorUnion:
             raise ValueError("a vector union takes IVF indexes only")
         self._first_part = parts[0]
         self.metric = parts[0].metric
-        from superfile.format.ivf_scan import CodeScan  # numba: ~0.2 s to import, paid by a first IVF search
+        from superfile.format.ivf_scan import IvfParts  # numba: ~0.2 s to import, paid by a first IVF search
 
-        self._code_scan = CodeScan([(x.codes, x.norms) for x in self._lists], self.metric)
+        self._kernels = IvfParts(self._lists, self.metric)
         nlist = np.array([len(x.bias) for x in self._lists], np.int64)
         self._first = np.concatenate(([0], np.cumsum(nlist)))  # part p's lists: first[p] .. first[p + 1]
-        self._bias = np.concatenate([x.bias for x in self._lists])
         self._part = np.repeat(np.arange(len(parts)), nlist)
         self._start = np.concatenate([x.offsets[:-1] for x in self._lists])
         self._size = np.concatenate([np.diff(x.offsets) for x in self._lists])
@@ -78,12 +77,6 @@ class VectorUnion:
         self._grid = np.full((len(parts), int(nlist.max(initial=0))), -1, np.int64)  # each part's lists, -1 pad
         for p, n in enumerate(nlist.tolist()):
             self._grid[p, :n] = np.arange(self._first[p], self._first[p] + n)
-        # the parts by how a query is coded for them (full or principal-component codes, of so many dimensions),
-        # with their code scales stacked: one quantization of the query for all the parts of a kind
-        kinds: dict[tuple[bool, int], list[int]] = {}
-        for p, x in enumerate(self._lists):
-            kinds.setdefault((x.proj is not None, x.codes.shape[1]), []).append(p)
-        self._kinds = [(np.array(ps, np.int64), np.stack([self._lists[p].scale for p in ps])) for ps in kinds.values()]
 
     def top(
         self,
@@ -114,14 +107,7 @@ class VectorUnion:
 
     def _probes(self, q: _Floats, parts: _Ints, k: int, nprobe: int | None) -> _Ints:
         """The lists to scan, as ascending global list numbers (so each part's lists are adjacent)."""
-        scores = np.zeros(len(self._bias), np.float32)
-        for p in parts.tolist():  # each part's own centroids (views of its index): a stacked copy would cost
-            # ~2-7 bytes per row of the table in every cached union, for a matrix-vector product per part
-            centroids, at = self._lists[p].centroids, int(self._first[p])
-            for a in range(0, len(centroids), _CHUNK):  # on this thread: a second one gained nothing
-                part_scores = scores[at + a : at + min(a + _CHUNK, len(centroids))]
-                np.matmul(centroids[a : a + _CHUNK], q, out=part_scores)
-        scores = self._bias - 2.0 * scores  # |q - c|^2 - |q|^2 (dot: in its augmented space); cosine: -2 q.c
+        scores = self._kernels.route(q, parts)  # each part's own centroids, read in place
         grid = self._grid[parts]
         dist = np.where(grid >= 0, scores[grid], np.inf)
         count = np.minimum(nprobe, self._nlist[parts]) if nprobe is not None else self._nprobe[parts]
@@ -152,36 +138,7 @@ class VectorUnion:
         cut = np.flatnonzero((part[1:] != part[:-1]) | (start[1:] != start[:-1] + size[:-1])) + 1
         first, last = np.concatenate(([0], cut)), np.concatenate((cut - 1, [len(probes) - 1]))
         runs = np.stack((part[first], start[first], start[last] + size[last] - start[first]), 1)
-        return self._code_scan.runs(*self._query_codes(q, runs[:, 0]), runs), runs
-
-    def _query_codes(
-        self, q: _Floats, run_part: _Ints
-    ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """``IvfLists.query_codes`` for each part in ``run_part``, bit for bit, with one quantization per kind of
-        code instead of one per part (a sixth of a 16-part query's time): the query's codes (a row per part),
-        and each part's step and offset, as ``CodeScan`` takes them."""
-        wanted = np.zeros(len(self._lists), bool)
-        wanted[run_part] = True
-        q8 = np.zeros((len(self._lists), self._code_scan.width), np.int8)
-        qscale, qoffset = np.zeros(len(self._lists), np.float64), np.zeros(len(self._lists), np.float64)
-        for members, scales in self._kinds:
-            take = np.flatnonzero(wanted[members])
-            if not len(take):
-                continue
-            parts = members[take].tolist()
-            if self._lists[parts[0]].proj is None:
-                x = q[None]  # full codes: the query itself
-            else:  # its principal components in each part's own basis
-                x = np.empty((len(parts), scales.shape[1]), np.float32)
-                for i, p in enumerate(parts):
-                    lists = self._lists[p]
-                    assert lists.proj is not None and lists.mean is not None
-                    np.matmul(q, lists.proj, out=x[i])
-                    qoffset[p] = float(q @ lists.mean)
-            codes, step = quantize_query(x, scales[take])
-            qscale[parts] = step
-            q8[parts, : codes.shape[1]] = codes
-        return q8, qscale, qoffset
+        return self._kernels.runs(*self._kernels.query_codes(q, runs[:, 0]), runs), runs
 
     def _rerank(self, q: _Floats, part: _Ints, pos: _Ints, k: int) -> list[tuple[int, _Ints, _Floats]]:
         """Exact distances of the candidates (gathered part by part), then the k nearest: by (distance, part,
