@@ -11,7 +11,14 @@ import time
 import numpy as np
 import pytest
 from superfile.format.ivf_scan import IvfParts
-from superfile.format.vector_index import METRICS, IvfLists, VectorIndex, VectorIndexParams, build_vector_index
+from superfile.format.vector_index import (
+    METRICS,
+    IvfLists,
+    VectorIndex,
+    VectorIndexParams,
+    build_vector_index,
+    smallest,
+)
 from test_vector_index import clustered, low_rank
 
 
@@ -58,6 +65,21 @@ def test_keys_are_numpys_bit_for_bit_over_runs_of_several_parts_and_over_positio
         assert np.array_equal(scan.runs(q8, step, offset, runs), want)
         pos = rng.permutation(3_000)[:400]
         assert np.array_equal(scan.positions(2, q8, step, offset, pos), expected_keys(parts[2], q, pos, metric))
+
+
+@pytest.mark.parametrize("count", [0, 1, 40, 200, 5_000])
+def test_the_nearest_are_the_smallest_keys_ties_to_the_lower_index(
+    mixed: tuple[str, list[IvfLists]], count: int
+) -> None:
+    """The heap kept while scoring holds what a full sort of the keys would pick (``smallest``), also where many
+    keys tie: a part searched twice in one call gives every row two equal keys."""
+    metric, parts = mixed
+    scan = IvfParts(parts, metric)
+    runs = np.array([[0, 0, 3_000], [2, 500, 1_000], [0, 0, 3_000], [1, 10, 7]], np.int64)
+    for q in low_rank(3, 128, 16, seed=13):
+        coded_q = scan.query_codes(q, np.arange(3))
+        keys = scan.runs(*coded_q, runs)
+        assert np.array_equal(scan.nearest(*coded_q, runs, count), smallest(keys, count))
 
 
 def test_a_part_is_routed_and_coded_among_others_as_alone_and_as_numpy_would(

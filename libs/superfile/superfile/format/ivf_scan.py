@@ -142,20 +142,74 @@ def _key(codes: Any, norms: Any, i: int, q8: Any, step: float, offset: float, l2
 
 
 @_compiled
+def _run(code_at: Any, norm_at: Any, rows: Any, dims: Any, runs: Any, r: int) -> Any:
+    """Run ``r``'s part, first position and length, and that part's codes and norms."""
+    p, lo, n = runs[r, 0], runs[r, 1], runs[r, 2]
+    if p < 0 or p >= len(rows) or lo < 0 or n < 0 or lo + n > rows[p]:
+        raise IndexError("a run of rows past its part's codes")
+    codes = numba.carray(_int8_at(code_at[p]), (rows[p], dims[p]))
+    return p, lo, n, codes, numba.carray(_float32_at(norm_at[p]), (rows[p],))
+
+
+@_compiled
 def _scan_runs(
     code_at: Any, norm_at: Any, rows: Any, dims: Any, q8: Any, step: Any, offset: Any, l2: bool, runs: Any, keys: Any
 ) -> None:
     at = 0
     for r in range(runs.shape[0]):
-        p, lo, n = runs[r, 0], runs[r, 1], runs[r, 2]
-        if p < 0 or p >= len(rows) or lo < 0 or n < 0 or lo + n > rows[p]:
-            raise IndexError("a run of rows past its part's codes")
-        codes = numba.carray(_int8_at(code_at[p]), (rows[p], dims[p]))
-        norms = numba.carray(_float32_at(norm_at[p]), (rows[p],))
+        p, lo, n, codes, norms = _run(code_at, norm_at, rows, dims, runs, r)
         q = q8[p, : dims[p]]
         for i in range(n):
             keys[at + i] = _key(codes, norms, lo + i, q, step[p], offset[p], l2)
         at += n
+
+
+@_compiled
+def _nearest_runs(
+    code_at: Any,
+    norm_at: Any,
+    rows: Any,
+    dims: Any,
+    q8: Any,
+    step: Any,
+    offset: Any,
+    l2: bool,
+    runs: Any,
+    heap_key: Any,
+    heap_at: Any,
+) -> int:
+    """The ``len(heap_key)`` smallest (key, index) of the rows of ``runs`` (index: the row's place in run order),
+    kept in a max-heap as they are scored: no key array, no second pass. Returns how many it holds."""
+    want, size, at = len(heap_key), 0, 0
+    for r in range(runs.shape[0]):
+        p, lo, n, codes, norms = _run(code_at, norm_at, rows, dims, runs, r)
+        q = q8[p, : dims[p]]
+        for i in range(n):
+            key = _key(codes, norms, lo + i, q, step[p], offset[p], l2)
+            index = at + i  # larger than any held: of equal keys the held one stays
+            if size < want:  # push, sifting up past smaller parents
+                j = size
+                size += 1
+                while j > 0 and heap_key[(j - 1) // 2] <= key:
+                    heap_key[j], heap_at[j] = heap_key[(j - 1) // 2], heap_at[(j - 1) // 2]
+                    j = (j - 1) // 2
+                heap_key[j], heap_at[j] = key, index
+            elif key < heap_key[0]:  # replace the largest, sifting down past larger children
+                j = 0
+                while 2 * j + 1 < size:
+                    c = 2 * j + 1
+                    if c + 1 < size and (
+                        heap_key[c + 1] > heap_key[c]
+                        or (heap_key[c + 1] == heap_key[c] and heap_at[c + 1] > heap_at[c])
+                    ):
+                        c += 1
+                    if heap_key[c] < key or (heap_key[c] == key and heap_at[c] < index):
+                        break
+                    heap_key[j], heap_at[j] = heap_key[c], heap_at[c]
+                    j = c
+                heap_key[j], heap_at[j] = key, index
+        at += n
+    return size
 
 
 @_compiled
@@ -268,6 +322,16 @@ class IvfParts:
         self._check(q8, step, offset)
         _scan_runs(self._code_at, self._norm_at, self._rows, self._dims, q8, step, offset, self._l2, runs, keys)
         return keys
+
+    def nearest(self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys, runs: _Ints, count: int) -> _Ints:
+        """The indices, in run order, of the ``count`` smallest keys :meth:`runs` would give (ties at the cut to
+        the lower index), found as the rows are scored: ascending."""
+        self._check(q8, step, offset)
+        heap_key, heap_at = np.empty(max(count, 0), np.float64), np.empty(max(count, 0), np.int64)
+        size = _nearest_runs(
+            self._code_at, self._norm_at, self._rows, self._dims, q8, step, offset, self._l2, runs, heap_key, heap_at
+        )
+        return np.sort(heap_at[:size])
 
     def positions(self, part: int, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys, pos: _Ints) -> _Keys:
         """Keys of part ``part``'s rows at positions ``pos`` (any order)."""

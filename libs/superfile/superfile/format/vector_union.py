@@ -19,7 +19,9 @@ same code ``VectorIndex.search`` runs for its one part):
 2. **first pass**: the query coded for each part as its codes are (one
    projection call for the parts of principal-component codes, one
    quantization per kind of code), then one call scores every run of
-   adjacent probed lists of every part, on the caller's thread (concurrent
+   adjacent probed lists of every part and keeps the best ``rerank`` of
+   them in a heap as it goes (the keys are never stored), on the caller's
+   thread (concurrent
    searches use every core; splitting one search over two threads cut its
    latency but cost CPU that concurrent searches needed); the parts' codes
    have their own scales and bases, so the dot products are mapped back onto
@@ -42,7 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances, smallest
+from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances
 
 __all__ = ["VectorUnion"]
 
@@ -99,9 +101,10 @@ class VectorUnion:
         probes = self._probes(q, chosen, k, nprobe)
         if not len(probes):  # parts without rows
             return []
-        keys, runs = self._first_pass(q, probes)
         want = max(rerank or int(self._rerank_default[chosen].max()), k)
-        return self._rerank(q, *_locate(smallest(keys, want), runs), k)  # ascending: in (part, position) order
+        runs = self._runs(probes)
+        best = self._kernels.nearest(*self._kernels.query_codes(q, runs[:, 0]), runs, want)
+        return self._rerank(q, *_locate(best, runs), k)  # ascending: in (part, position) order
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -130,15 +133,12 @@ class VectorUnion:
             wider.append(grid[i, order[: max(int(count[i]), int(np.searchsorted(seen, k)) + 1)]])
         return np.sort(np.concatenate(wider))
 
-    def _first_pass(self, q: _Floats, probes: _Ints) -> tuple[npt.NDArray[np.float64], _Ints]:
-        """Keys of every row in the probed lists on one scale (smaller is nearer; ``CodeScan``), and the runs of
-        rows they were read from, keys in run order (:func:`_locate` maps a key back to its part and position)."""
+    def _runs(self, probes: _Ints) -> _Ints:
+        """The rows of the probed lists as runs (part, first position, length): adjacent lists of a part are one."""
         part, start, size = self._part[probes], self._start[probes], self._size[probes]
-        # adjacent lists of one part are one run of rows
         cut = np.flatnonzero((part[1:] != part[:-1]) | (start[1:] != start[:-1] + size[:-1])) + 1
         first, last = np.concatenate(([0], cut)), np.concatenate((cut - 1, [len(probes) - 1]))
-        runs = np.stack((part[first], start[first], start[last] + size[last] - start[first]), 1)
-        return self._kernels.runs(*self._kernels.query_codes(q, runs[:, 0]), runs), runs
+        return np.stack((part[first], start[first], start[last] + size[last] - start[first]), 1)
 
     def _rerank(self, q: _Floats, part: _Ints, pos: _Ints, k: int) -> list[tuple[int, _Ints, _Floats]]:
         """Exact distances of the candidates (gathered part by part), then the k nearest: by (distance, part,
@@ -161,7 +161,7 @@ class VectorUnion:
 
 
 def _locate(index: _Ints, runs: _Ints) -> tuple[_Ints, _Ints]:
-    """(part, position) of first-pass keys by their index, from the runs (part, first position, length)."""
+    """(part, position) of rows by their index in run order, from the runs (part, first position, length)."""
     at = np.cumsum(runs[:, 2]) - runs[:, 2]
     r = np.searchsorted(at, index, side="right") - 1
     return runs[r, 0], runs[r, 1] + index - at[r]
