@@ -241,7 +241,8 @@ class IvfParts:
 
     def __init__(self, parts: Sequence[IvfSections], metric: str) -> None:
         for x in parts:
-            arrays = [x.centroids, x.bias, x.codes, x.scale, x.norms] + ([] if x.proj is None else [x.proj, x.mean])
+            arrays: list[npt.NDArray[Any] | None] = [x.centroids, x.bias, x.codes, x.scale, x.norms]
+            arrays += [] if x.proj is None else [x.proj, x.mean]
             if not all(a is not None and a.flags.c_contiguous for a in arrays) or len(x.norms) != len(x.codes):
                 raise ValueError("the kernels read the sections in place: contiguous, a norm a row")
         self._parts = list(parts)  # keeps the memory behind the addresses alive
