@@ -142,48 +142,41 @@ def _key(codes: Any, norms: Any, i: int, q8: Any, step: float, offset: float, l2
 
 
 @_compiled
-def _run(code_at: Any, norm_at: Any, rows: Any, dims: Any, runs: Any, r: int) -> Any:
-    """Run ``r``'s part, first position and length, and that part's codes and norms."""
-    p, lo, n = runs[r, 0], runs[r, 1], runs[r, 2]
-    if p < 0 or p >= len(rows) or lo < 0 or n < 0 or lo + n > rows[p]:
-        raise IndexError("a run of rows past its part's codes")
-    codes = numba.carray(_int8_at(code_at[p]), (rows[p], dims[p]))
-    return p, lo, n, codes, numba.carray(_float32_at(norm_at[p]), (rows[p],))
+def _view(part: Any, p: int) -> Any:
+    """Part ``p``'s codes and norms, from its row of ``part`` (code address, norm address, rows, code dims)."""
+    codes = numba.carray(_int8_at(part[p, 0]), (part[p, 2], part[p, 3]))
+    return codes, numba.carray(_float32_at(part[p, 1]), (part[p, 2],))
 
 
 @_compiled
-def _scan_runs(
-    code_at: Any, norm_at: Any, rows: Any, dims: Any, q8: Any, step: Any, offset: Any, l2: bool, runs: Any, keys: Any
-) -> None:
+def _run(part: Any, runs: Any, r: int) -> Any:
+    """Run ``r``'s part, first position and length, and that part's codes and norms."""
+    p, lo, n = runs[r, 0], runs[r, 1], runs[r, 2]
+    if p < 0 or p >= len(part) or lo < 0 or n < 0 or lo + n > part[p, 2]:
+        raise IndexError("a run of rows past its part's codes")
+    codes, norms = _view(part, p)
+    return p, lo, n, codes, norms
+
+
+@_compiled
+def _scan_runs(part: Any, q8: Any, step: Any, offset: Any, l2: bool, runs: Any, keys: Any) -> None:
     at = 0
     for r in range(runs.shape[0]):
-        p, lo, n, codes, norms = _run(code_at, norm_at, rows, dims, runs, r)
-        q = q8[p, : dims[p]]
+        p, lo, n, codes, norms = _run(part, runs, r)
+        q = q8[p, : part[p, 3]]
         for i in range(n):
             keys[at + i] = _key(codes, norms, lo + i, q, step[p], offset[p], l2)
         at += n
 
 
 @_compiled
-def _nearest_runs(
-    code_at: Any,
-    norm_at: Any,
-    rows: Any,
-    dims: Any,
-    q8: Any,
-    step: Any,
-    offset: Any,
-    l2: bool,
-    runs: Any,
-    heap_key: Any,
-    heap_at: Any,
-) -> int:
+def _nearest_runs(part: Any, q8: Any, step: Any, offset: Any, l2: bool, runs: Any, heap_key: Any, heap_at: Any) -> int:
     """The ``len(heap_key)`` smallest (key, index) of the rows of ``runs`` (index: the row's place in run order),
     kept in a max-heap as they are scored: no key array, no second pass. Returns how many it holds."""
     want, size, at = len(heap_key), 0, 0
     for r in range(runs.shape[0]):
-        p, lo, n, codes, norms = _run(code_at, norm_at, rows, dims, runs, r)
-        q = q8[p, : dims[p]]
+        p, lo, n, codes, norms = _run(part, runs, r)
+        q = q8[p, : part[p, 3]]
         for i in range(n):
             key = _key(codes, norms, lo + i, q, step[p], offset[p], l2)
             index = at + i  # larger than any held: of equal keys the held one stays
@@ -203,7 +196,7 @@ def _nearest_runs(
                         or (heap_key[c + 1] == heap_key[c] and heap_at[c + 1] > heap_at[c])
                     ):
                         c += 1
-                    if heap_key[c] < key or (heap_key[c] == key and heap_at[c] < index):
+                    if heap_key[c] <= key:  # of equal keys the held one is the lower index: it stays
                         break
                     heap_key[j], heap_at[j] = heap_key[c], heap_at[c]
                     j = c
@@ -213,24 +206,11 @@ def _nearest_runs(
 
 
 @_compiled
-def _scan_positions(
-    code_at: Any,
-    norm_at: Any,
-    rows: Any,
-    dims: Any,
-    q8: Any,
-    step: Any,
-    offset: Any,
-    l2: bool,
-    p: int,
-    pos: Any,
-    keys: Any,
-) -> None:
-    codes = numba.carray(_int8_at(code_at[p]), (rows[p], dims[p]))
-    norms = numba.carray(_float32_at(norm_at[p]), (rows[p],))
-    q = q8[p, : dims[p]]
+def _scan_positions(part: Any, q8: Any, step: Any, offset: Any, l2: bool, p: int, pos: Any, keys: Any) -> None:
+    codes, norms = _view(part, p)
+    q = q8[p, : part[p, 3]]
     for i in range(len(pos)):
-        if pos[i] < 0 or pos[i] >= rows[p]:
+        if pos[i] < 0 or pos[i] >= part[p, 2]:
             raise IndexError("a position past its part's codes")
         keys[i] = _key(codes, norms, pos[i], q, step[p], offset[p], l2)
 
@@ -249,14 +229,16 @@ class IvfParts:
         self._dim = int(parts[0].centroids.shape[1]) if parts else 0
         self._cent_at = _addresses(x.centroids for x in parts)
         self._bias_at = _addresses(x.bias for x in parts)
-        self._code_at = _addresses(x.codes for x in parts)
-        self._norm_at = _addresses(x.norms for x in parts)
         self._proj_at = _addresses(x.proj for x in parts)
         self._mean_at = _addresses(x.mean for x in parts)
         self._nlist = np.array([len(x.bias) for x in parts], np.int64)
         self._first = np.concatenate(([0], np.cumsum(self._nlist)))  # part p's lists: first[p] .. first[p + 1]
         self._rows = np.array([x.codes.shape[0] for x in parts], np.int64)
         self._dims = np.array([x.codes.shape[1] for x in parts], np.int64)
+        # what the scans read of each part, a row each: code address, norm address, rows, code dims
+        self._part = np.stack(
+            (_addresses(x.codes for x in parts), _addresses(x.norms for x in parts), self._rows, self._dims), 1
+        )
         self._l2 = metric == "l2"
         # the parts by how a query is coded for them (full or principal-component codes, of so many dimensions),
         # with their code scales stacked: one quantization of the query for all the parts of a kind
@@ -321,7 +303,7 @@ class IvfParts:
         """Keys of the rows of ``runs`` (rows of part, first position, length), run after run."""
         keys = np.empty(int(runs[:, 2].sum()), np.float64)
         self._check(q8, step, offset)
-        _scan_runs(self._code_at, self._norm_at, self._rows, self._dims, q8, step, offset, self._l2, runs, keys)
+        _scan_runs(self._part, q8, step, offset, self._l2, runs, keys)
         return keys
 
     def nearest(self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys, runs: _Ints, count: int) -> _Ints:
@@ -329,9 +311,7 @@ class IvfParts:
         the lower index), found as the rows are scored: ascending."""
         self._check(q8, step, offset)
         heap_key, heap_at = np.empty(max(count, 0), np.float64), np.empty(max(count, 0), np.int64)
-        size = _nearest_runs(
-            self._code_at, self._norm_at, self._rows, self._dims, q8, step, offset, self._l2, runs, heap_key, heap_at
-        )
+        size = _nearest_runs(self._part, q8, step, offset, self._l2, runs, heap_key, heap_at)
         return np.sort(heap_at[:size])
 
     def positions(self, part: int, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys, pos: _Ints) -> _Keys:
@@ -340,9 +320,7 @@ class IvfParts:
         self._check(q8, step, offset)
         if not 0 <= part < len(self._rows):
             raise IndexError(f"no part {part} among {len(self._rows)}")
-        _scan_positions(
-            self._code_at, self._norm_at, self._rows, self._dims, q8, step, offset, self._l2, part, pos, keys
-        )
+        _scan_positions(self._part, q8, step, offset, self._l2, part, pos, keys)
         return keys
 
     def _check(self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys) -> None:
