@@ -21,11 +21,10 @@ same code ``VectorIndex.search`` runs for its one part):
    quantization per kind of code), then one call scores every run of
    adjacent probed lists of every part and keeps the best ``rerank`` of
    them in a heap as it goes (the keys are never stored), on the caller's
-   thread (concurrent
-   searches use every core; splitting one search over two threads cut its
-   latency but cost CPU that concurrent searches needed); the parts' codes
-   have their own scales and bases, so the dot products are mapped back onto
-   q.x and compare across parts;
+   thread (concurrent searches use every core; splitting one search over two
+   threads cut its latency but cost CPU that concurrent searches needed);
+   the parts' codes have their own scales and bases, so the dot products are
+   mapped back onto q.x and compare across parts;
 3. **rerank**: exact float32 distances for the ``rerank`` best first-pass
    candidates of all the parts together (default: the largest of the parts'
    defaults). The first pass ranks across parts, so the budget is per search,
