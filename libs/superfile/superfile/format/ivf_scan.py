@@ -233,11 +233,12 @@ class IvfParts:
         self._mean_at = _addresses(x.mean for x in parts)
         self._nlist = np.array([len(x.bias) for x in parts], np.int64)
         self._first = np.concatenate(([0], np.cumsum(self._nlist)))  # part p's lists: first[p] .. first[p + 1]
-        self._rows = np.array([x.codes.shape[0] for x in parts], np.int64)
+        rows = np.array([x.codes.shape[0] for x in parts], np.int64)
         self._dims = np.array([x.codes.shape[1] for x in parts], np.int64)
+        self.width = int(self._dims.max(initial=0))  # the widest code: the columns of a coded query's ``q8``
         # what the scans read of each part, a row each: code address, norm address, rows, code dims
         self._part = np.stack(
-            (_addresses(x.codes for x in parts), _addresses(x.norms for x in parts), self._rows, self._dims), 1
+            (_addresses(x.codes for x in parts), _addresses(x.norms for x in parts), rows, self._dims), 1
         )
         self._l2 = metric == "l2"
         # the parts by how a query is coded for them (full or principal-component codes, of so many dimensions),
@@ -294,11 +295,6 @@ class IvfParts:
             step[chosen] = part_step
         return q8, step, offset
 
-    @property
-    def width(self) -> int:
-        """The widest code: the columns of ``q8``."""
-        return int(self._dims.max(initial=0))
-
     def runs(self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys, runs: _Ints) -> _Keys:
         """Keys of the rows of ``runs`` (rows of part, first position, length), run after run."""
         keys = np.empty(int(runs[:, 2].sum()), np.float64)
@@ -318,14 +314,14 @@ class IvfParts:
         """Keys of part ``part``'s rows at positions ``pos`` (any order)."""
         keys = np.empty(len(pos), np.float64)
         self._check(q8, step, offset)
-        if not 0 <= part < len(self._rows):
-            raise IndexError(f"no part {part} among {len(self._rows)}")
+        if not 0 <= part < len(self._parts):
+            raise IndexError(f"no part {part} among {len(self._parts)}")
         _scan_positions(self._part, q8, step, offset, self._l2, part, pos, keys)
         return keys
 
     def _check(self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys) -> None:
         # the kernels check positions, not the query: a wrong shape would read past it
-        parts = len(self._rows)
+        parts = len(self._parts)
         if q8.shape != (parts, self.width) or step.shape != (parts,) or offset.shape != (parts,):
             raise ValueError(f"a query coded for {parts} parts of width {self.width} was expected")
 

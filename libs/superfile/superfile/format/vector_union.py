@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances
+from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances, list_runs
 
 __all__ = ["VectorUnion"]
 
@@ -101,7 +101,7 @@ class VectorUnion:
         if not len(probes):  # parts without rows
             return []
         want = max(rerank or int(self._rerank_default[chosen].max()), k)
-        runs = self._runs(probes)
+        runs = list_runs(self._part[probes], self._start[probes], self._size[probes])
         best = self._kernels.nearest(*self._kernels.query_codes(q, runs[:, 0]), runs, want)
         return self._rerank(q, *_locate(best, runs), k)  # ascending: in (part, position) order
 
@@ -131,13 +131,6 @@ class VectorUnion:
             seen = np.cumsum(self._size[grid[i, order]])
             wider.append(grid[i, order[: max(int(count[i]), int(np.searchsorted(seen, k)) + 1)]])
         return np.sort(np.concatenate(wider))
-
-    def _runs(self, probes: _Ints) -> _Ints:
-        """The rows of the probed lists as runs (part, first position, length): adjacent lists of a part are one."""
-        part, start, size = self._part[probes], self._start[probes], self._size[probes]
-        cut = np.flatnonzero((part[1:] != part[:-1]) | (start[1:] != start[:-1] + size[:-1])) + 1
-        first, last = np.concatenate(([0], cut)), np.concatenate((cut - 1, [len(probes) - 1]))
-        return np.stack((part[first], start[first], start[last] + size[last] - start[first]), 1)
 
     def _rerank(self, q: _Floats, part: _Ints, pos: _Ints, k: int) -> list[tuple[int, _Ints, _Floats]]:
         """Exact distances of the candidates (gathered part by part), then the k nearest: by (distance, part,
