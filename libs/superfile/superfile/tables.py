@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -116,7 +117,10 @@ class TableRoot:
         check_name(name, "namespace")
         self.require_namespace(namespace_of(name))
         try:
-            write_new(self.storage, NAMESPACES + name, json.dumps({"name": name, "created_ms": now_ms()}).encode())
+            # a marker of its own (a fresh id): write_new takes an object holding exactly its bytes for its own
+            # create whose answer was lost, so two creates in one millisecond must not write the same bytes
+            marker = {"name": name, "created_ms": now_ms(), "id": uuid.uuid4().hex}
+            write_new(self.storage, NAMESPACES + name, json.dumps(marker).encode())
         except PreconditionFailedError:
             if not exist_ok:
                 raise NamespaceExistsError(f"namespace {name!r} already exists") from None

@@ -22,6 +22,7 @@ from superfile.errors import (
     InvalidPredicateError,
     InvalidTableNameError,
     InvalidVectorError,
+    NamespaceExistsError,
     ReadOnlyTableError,
     SchemaMismatchError,
     TableExistsError,
@@ -186,6 +187,19 @@ def test_bad_input_is_typed_and_writes_nothing(tmp_path: Path, cranfield: pa.Tab
         db.open_table("missing")
     assert sorted(i.path for i in from_uri(uri).list("")) == before
     assert t.count_rows() == 10 and t.version == 2
+
+
+def test_a_namespace_created_twice_in_one_millisecond_is_refused(
+    storage_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second create must not pass for the first one's retry after a lost answer (same bytes written)."""
+    db = superfile.connect(storage_uri)
+    monkeypatch.setattr(superfile.tables, "now_ms", lambda: 1_700_000_000_000)
+    db.create_namespace("team")
+    with pytest.raises(NamespaceExistsError):
+        db.create_namespace("team")
+    db.create_namespace("team", exist_ok=True)
+    assert db.list_namespaces() == ["team"]
 
 
 def test_table_catalog(storage_uri: str, cranfield: pa.Table) -> None:
