@@ -7,9 +7,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
+from superfile.format import ivf_scan
 from superfile.format.ivf_scan import IvfParts
 from superfile.format.vector_index import (
     METRICS,
@@ -17,9 +19,13 @@ from superfile.format.vector_index import (
     VectorIndex,
     VectorIndexParams,
     build_vector_index,
-    smallest,
 )
 from test_vector_index import clustered, low_rank
+
+
+def lowest(keys: np.ndarray, count: int) -> np.ndarray:
+    """The indices of the ``count`` smallest keys, ties to the lower index, ascending: a full sort's answer."""
+    return np.sort(np.lexsort((np.arange(len(keys)), keys))[: max(count, 0)])
 
 
 def lists_of(x: np.ndarray, metric: str, reduce: bool) -> IvfLists:
@@ -51,7 +57,14 @@ def mixed(request: pytest.FixtureRequest) -> tuple[str, list[IvfLists]]:
     return metric, [lists_of(low_rank(3_000, 128, 16, seed=s), metric, reduce=s != 1) for s in range(3)]
 
 
-def test_keys_are_numpys_bit_for_bit_over_runs_of_several_parts_and_over_positions(
+def keys_of(scan: IvfParts, coded_q: tuple[np.ndarray, np.ndarray, np.ndarray], runs: np.ndarray) -> np.ndarray:
+    """Every row's key, in run order: the nearest of all the rows, with their keys."""
+    index, keys = scan.nearest(*coded_q, runs, int(runs[:, 2].sum()))
+    assert np.array_equal(index, np.arange(runs[:, 2].sum()))
+    return keys
+
+
+def test_keys_are_numpys_bit_for_bit_over_runs_of_several_parts_and_over_single_rows(
     mixed: tuple[str, list[IvfLists]],
 ) -> None:
     metric, parts = mixed
@@ -59,27 +72,72 @@ def test_keys_are_numpys_bit_for_bit_over_runs_of_several_parts_and_over_positio
     assert scan.width == 128  # part 1 keeps full codes; the others are of fewer components
     rng = np.random.default_rng(0)
     for q in low_rank(4, 128, 16, seed=9):
-        q8, step, offset = scan.query_codes(q, np.arange(3))
+        coded_q = scan.query_codes(q, np.arange(3))
         runs = np.array([[2, 100, 700], [0, 0, 1], [1, 2_500, 500], [0, 2_999, 1], [2, 0, 0]], np.int64)
         want = np.concatenate([expected_keys(parts[p], q, np.arange(a, a + n), metric) for p, a, n in runs])
-        assert np.array_equal(scan.runs(q8, step, offset, runs), want)
-        pos = rng.permutation(3_000)[:400]
-        assert np.array_equal(scan.positions(2, q8, step, offset, pos), expected_keys(parts[2], q, pos, metric))
+        assert np.array_equal(keys_of(scan, coded_q, runs), want)
+        pos = np.sort(rng.permutation(3_000)[:400])  # a filter's rows: runs of one row
+        single = np.stack((np.full(400, 2), pos, np.ones(400, np.int64)), 1)
+        assert np.array_equal(keys_of(scan, coded_q, single), expected_keys(parts[2], q, pos, metric))
 
 
 @pytest.mark.parametrize("count", [0, 1, 40, 200, 5_000])
 def test_the_nearest_are_the_smallest_keys_ties_to_the_lower_index(
     mixed: tuple[str, list[IvfLists]], count: int
 ) -> None:
-    """The heap kept while scoring holds what a full sort of the keys would pick (``smallest``), also where many
+    """The heap kept while scoring holds what a full sort of the keys would pick, also where many
     keys tie: a part searched twice in one call gives every row two equal keys."""
     metric, parts = mixed
     scan = IvfParts(parts, metric)
     runs = np.array([[0, 0, 3_000], [2, 500, 1_000], [0, 0, 3_000], [1, 10, 7]], np.int64)
     for q in low_rank(3, 128, 16, seed=13):
         coded_q = scan.query_codes(q, np.arange(3))
-        keys = scan.runs(*coded_q, runs)
-        assert np.array_equal(scan.nearest(*coded_q, runs, count), smallest(keys, count))
+        keys = keys_of(scan, coded_q, runs)
+        index, found = scan.nearest(*coded_q, runs, count)
+        assert np.array_equal(index, lowest(keys, count)) and np.array_equal(found, keys[index])
+
+
+@pytest.mark.parametrize("count", [0, 1, 40, 5_000])
+def test_a_pool_per_part_holds_each_parts_own_nearest(mixed: tuple[str, list[IvfLists]], count: int) -> None:
+    """With a count per part, each part's rows are chosen among themselves (ties to the lower index too), as if
+    each part were searched alone; each part's runs must be adjacent."""
+    metric, parts = mixed
+    scan = IvfParts(parts, metric)
+    runs = np.array([[0, 0, 3_000], [0, 0, 3_000], [1, 10, 7], [2, 500, 1_000], [2, 2_000, 1]], np.int64)
+    counts = np.array([count, 3, count], np.int64)
+    for q in low_rank(3, 128, 16, seed=17):
+        coded_q = scan.query_codes(q, np.arange(3))
+        keys = keys_of(scan, coded_q, runs)
+        start = np.concatenate(([0], np.cumsum(runs[:, 2])))
+        bounds = {0: (start[0], start[2]), 1: (start[2], start[3]), 2: (start[3], start[5])}
+        want = np.concatenate([a + lowest(keys[a:b], int(counts[p])) for p, (a, b) in bounds.items()])
+        index, found = scan.nearest(*coded_q, runs, counts)
+        assert np.array_equal(index, want) and np.array_equal(found, keys[index])
+    with pytest.raises(IndexError, match="adjacent"):
+        scan.nearest(*coded_q, runs[[0, 3, 1]], counts)
+    with pytest.raises(ValueError, match="a count for each"):
+        scan.nearest(*coded_q, runs, counts[:2])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_pool_is_the_lowest_keys_ties_to_the_lower_index(dtype: type) -> None:
+    """A part's pool is picked from its keys through a sampled bound where they are many: the same indices a full
+    sort gives, for keys of every shape (many ties at the cut, the smallest last, all equal)."""
+    rng = np.random.default_rng(7)
+    makers: list[Callable[[int], np.ndarray]] = [
+        lambda n: rng.standard_normal(n),
+        lambda n: rng.integers(0, 20, n).astype(float),  # many ties at the cut
+        lambda n: np.sort(rng.standard_normal(n))[::-1].copy(),  # the smallest keys last
+        lambda n: np.zeros(n),
+    ]
+    for trial in range(400):
+        n, count = int(rng.integers(0, 6000)), int(rng.integers(0, 80))
+        keys = makers[trial % len(makers)](n).astype(dtype).astype(np.float64)
+        a = int(rng.integers(0, 5))  # a part's keys start anywhere in the buffer
+        buffer = np.concatenate((rng.standard_normal(a), keys))
+        out = np.empty(n, np.int64)
+        found = out[: ivf_scan._smallest(buffer, a, a + n, count, out, 0)] - a
+        assert np.array_equal(found, lowest(keys, count)), (n, count, trial % len(makers))
 
 
 def test_a_part_is_routed_and_coded_among_others_as_alone_and_as_numpy_would(
@@ -116,17 +174,12 @@ def test_rows_outside_a_part_and_a_query_of_the_wrong_shape_are_refused() -> Non
     part = lists_of(clustered(1_000, 8), "l2", reduce=False)
     scan = IvfParts([part], "l2")
     q8, step, offset = np.zeros((1, 8), np.int8), np.ones(1), np.zeros(1)
-    for runs in ([[0, 990, 11]], [[0, -1, 2]], [[1, 0, 5]]):
+    for runs in ([[0, 990, 11]], [[0, -1, 2]], [[1, 0, 5]], [[-1, 0, 1]], [[0, 1_000, 1]]):
         with pytest.raises(IndexError):
-            scan.runs(q8, step, offset, np.array(runs, np.int64))
-    for pos in ([1_000], [-1]):
-        with pytest.raises(IndexError):
-            scan.positions(0, q8, step, offset, np.array(pos, np.int64))
-    with pytest.raises(IndexError):
-        scan.positions(1, q8, step, offset, np.array([0], np.int64))
+            scan.nearest(q8, step, offset, np.array(runs, np.int64), 10)
     with pytest.raises(ValueError, match="coded for 1 parts"):
-        scan.runs(np.zeros((1, 4), np.int8), step, offset, np.array([[0, 0, 1]], np.int64))
-    assert len(scan.runs(q8, step, offset, np.array([[0, 0, 1_000]], np.int64))) == 1_000
+        scan.nearest(np.zeros((1, 4), np.int8), step, offset, np.array([[0, 0, 1]], np.int64), 10)
+    assert len(scan.nearest(q8, step, offset, np.array([[0, 0, 1_000]], np.int64), 1_000)[0]) == 1_000
 
 
 def test_a_scan_lets_other_threads_run() -> None:
@@ -135,8 +188,8 @@ def test_a_scan_lets_other_threads_run() -> None:
     part = lists_of(clustered(20_000, 192, centers=20), "cosine", reduce=False)
     scan = IvfParts([part], "cosine")
     q8, step, offset = scan.query_codes(part.vectors[0], np.zeros(1, np.int64))
-    scan.runs(q8, step, offset, np.array([[0, 0, 1]]))  # compiled (or loaded) first
-    runs = np.array([[0, 0, 20_000]] * 2_000, np.int64)  # 40M rows: ~0.4 s
+    scan.nearest(q8, step, offset, np.array([[0, 0, 1]]), 10)  # compiled (or loaded) first
+    runs = np.array([[0, 0, 20_000]] * 600, np.int64)  # 12M rows: ~0.2 s (and 96 MB of keys)
     running, stop, longest = threading.Event(), threading.Event(), [0.0]
 
     def other() -> None:
@@ -150,7 +203,7 @@ def test_a_scan_lets_other_threads_run() -> None:
     thread.start()
     running.wait(10)
     start = time.perf_counter()
-    scan.runs(q8, step, offset, runs)
+    scan.nearest(q8, step, offset, runs, 10)
     took = time.perf_counter() - start
     stop.set()
     thread.join(10)
@@ -168,8 +221,8 @@ from superfile.format.vector_index import VectorIndex, build_vector_index
 x = np.random.default_rng(0).standard_normal((500, 8)).astype(np.float32)
 lists = VectorIndex.from_buffer(build_vector_index(x, "l2")).ivf_lists
 scan = ivf_scan.IvfParts([lists], "l2")
-keys = scan.runs(*scan.query_codes(x[3], np.zeros(1, np.int64)), np.array([[0, 0, 500]]))
-print(type(ivf_scan._scan_runs._cache).__name__, keys.tobytes().hex())
+_, keys = scan.nearest(*scan.query_codes(x[3], np.zeros(1, np.int64)), np.array([[0, 0, 500]]), 500)
+print(type(ivf_scan._nearest_runs._cache).__name__, keys.tobytes().hex())
 """
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True)
     cache, keys = out.stdout.split()

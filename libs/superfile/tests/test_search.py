@@ -253,8 +253,9 @@ def test_vector_bad_input(cran_table: superfile.Supertable) -> None:
 
 @pytest.mark.parametrize("metric", ["cosine", "l2", "dot"])
 def test_vector_search_over_superfiles_with_and_without_deletes(metric: str) -> None:
-    """Superfiles without deleted rows are searched as one IVF union, the others one by one: probing every
-    list, both together are exact over the live rows, and deleted rows never come back."""
+    """One IVF union holds every superfile: those without deleted rows share a rerank pool, one with deleted rows
+    ranks its live rows with a pool of its own. Probing every list, both together are exact over the live rows,
+    and deleted rows never come back."""
     rng = np.random.default_rng(11)
     x = rng.standard_normal((3_000, 16)).astype(np.float32)
     t = fresh("vunion").create_table(
@@ -269,7 +270,7 @@ def test_vector_search_over_superfiles_with_and_without_deletes(metric: str) -> 
     t.delete("n >= 1000 AND n < 1500 AND n % 3 = 0")  # one superfile of six gets a deletion vector
     live = np.array([n for n in range(3_000) if not (1000 <= n < 1500 and n % 3 == 0)])
     united = Searcher(t._current())._vector_union("v")
-    assert united is not None and len(united[1]) == 5
+    assert united is not None and len(united[1]) == 6 and sum(e.deletes is not None for e in united[1]) == 1
     for q in rng.standard_normal((5, 16)).astype(np.float32):
         got = t.vector_search("v", q, k=20, nprobe=10_000, rerank=3_000, projection=["n", "score"])
         if metric == "cosine":

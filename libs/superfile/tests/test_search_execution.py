@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import superfile
 from superfile import pools
-from superfile.format.vector_index import smallest
 from superfile.search.request import HybridSearch
-from superfile.table import search as search_module
 from superfile.table.search import Searcher
 
 CRANFIELD = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield" / "docs.parquet"
@@ -160,43 +157,3 @@ def test_searching_spreads_only_while_cores_are_idle(monkeypatch: pytest.MonkeyP
     assert seen == [True, True]
     with pools.searching() as again:
         assert again
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_smallest_is_the_lowest_keys_ties_to_the_lower_index(dtype: type) -> None:
-    rng = np.random.default_rng(7)
-    makers: list[Callable[[int], np.ndarray]] = [
-        lambda n: rng.standard_normal(n),
-        lambda n: rng.integers(0, 20, n).astype(float),  # many ties at the cut
-        lambda n: np.sort(rng.standard_normal(n))[::-1].copy(),  # the smallest keys last
-        lambda n: np.zeros(n),
-    ]
-    for trial in range(400):
-        n, count = int(rng.integers(0, 6000)), int(rng.integers(0, 80))
-        keys = makers[trial % len(makers)](n).astype(dtype)
-        want = np.sort(np.lexsort((np.arange(n), keys))[:count])
-        assert np.array_equal(smallest(keys, count), want), (n, count, trial % len(makers))
-
-
-def test_search_state_is_kept_for_the_newest_snapshots_of_each_table() -> None:
-    """A table committing every second must not fill the per-snapshot caches with superseded snapshots' unions
-    (each maps every segment file): each table keeps its two most recently searched."""
-    db = superfile.connect(f"memory://newest-{os.urandom(6).hex()}")
-    t = db.create_table(
-        "t",
-        pa.schema([("body", pa.string()), ("v", pa.list_(pa.float32(), 4))]),
-        fts_columns=["body"],
-        vector_columns={"v": {"dim": 4, "metric": "cosine"}},
-    )
-    rng = np.random.default_rng(3)
-    caches = {"body": search_module._unions, "v": search_module._vector_unions}
-    held: list[list[int]] = []
-    for i in range(6):
-        t.append({"body": [f"row {i} {j} common" for j in range(50)], "v": rng.standard_normal((50, 4)).tolist()})
-        assert t.bm25_search("body", "common", k=3).num_rows == 3
-        assert t.vector_search("v", [1.0, 0.0, 0.0, 0.0], k=3).num_rows == 3
-        uri = t.snapshot().files.storage.uri
-        held.append([len(cache._recent[f"{uri}#{column}"]) for column, cache in caches.items()])
-        kept = [k for cache in caches.values() for k in cache._items._items if str(k).startswith(f"{uri}#")]
-        assert len(kept) == sum(held[-1])  # what the caches hold of this table is what they name
-    assert held == [[1, 1]] + [[2, 2]] * 5

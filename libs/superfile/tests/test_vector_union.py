@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyroaring import BitMap
 from superfile.format.vector_index import METRICS, VectorIndex, VectorIndexParams, build_vector_index
 from superfile.format.vector_union import VectorUnion
 from test_vector_index import clustered, exact, low_rank
@@ -90,6 +91,37 @@ def test_parts_with_reduced_and_full_codes_rank_together(metric) -> None:
         assert np.allclose(dist, want, atol=1e-4)
         got += len(set(flat(union.top(q, 10, range(3)), bounds)[0].tolist()) & set(want_rows.tolist()))
     assert got / (10 * len(queries)) >= 0.95
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_each_part_ranks_its_allowed_rows_as_its_own_search_does(metric) -> None:
+    """``top_each``: a part's answer is what its own ``VectorIndex.search`` with the same rows allowed gives, bit
+    for bit, whichever parts are searched with it: a few rows allowed (scanned one by one), many (probed), every
+    row, none, and rows past the part's end (ignored)."""
+    data = clustered(12_000, 32, seed=21)
+    bounds = [0, 5_000, 9_000, 12_000, 12_400]
+    parts = [index(data[a:b], metric) for a, b in itertools.pairwise(bounds)]
+    union = VectorUnion(parts)
+    rng = np.random.default_rng(3)
+    for q in clustered(8, 32, seed=22):
+        allow = [
+            (0, BitMap(rng.choice(5_000, 30, replace=False).tolist())),
+            (1, None),
+            (2, BitMap([*rng.choice(3_000, 1_500, replace=False).tolist(), 3_000, 9_999])),
+            (3, BitMap()),
+        ]
+        for knobs in ({}, {"nprobe": 2, "rerank": 12}):
+            together = {p: (rows, dist) for p, rows, dist in union.top_each(q, 10, allow, **knobs)}
+            assert set(together) == {0, 1, 2}
+            for p, rows_allowed in allow[:3]:
+                rows, dist = parts[p].search(q, 10, allow=rows_allowed, **knobs)
+                assert np.array_equal(together[p][0], rows) and np.array_equal(together[p][1], dist)
+                if rows_allowed is not None:
+                    assert set(rows.tolist()) <= set(rows_allowed)
+            ((p, rows, dist),) = union.top_each(q, 10, allow[2:], **knobs)
+            assert p == 2 and np.array_equal(rows, together[2][0]) and np.array_equal(dist, together[2][1])
+    with pytest.raises(ValueError, match="named twice"):
+        union.top_each(data[0], 10, [(1, None), (1, None)])
 
 
 def test_only_the_named_parts_are_searched() -> None:

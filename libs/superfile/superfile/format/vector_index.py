@@ -3,8 +3,9 @@
 Two kinds share one blob format and one search contract:
 
 * ``"ivf"`` (default): k-means lists trained on a sample with numpy BLAS, vectors
-  stored grouped by list, an int8 first pass over the probed lists (numkong SIMD
-  kernels) and an exact float32 rerank of the best candidates. It builds at
+  stored grouped by list, an int8 first pass over the probed lists (compiled:
+  ``ivf_scan``) and an exact float32 rerank of the best candidates, searched as
+  a union of one index (``vector_union``: the same code searches many). It builds at
   >100k vectors/s, which the ingest path needs; HNSW builds at ~11k/s here.
   Where half the dimensions or fewer hold 90% of the variance (sentence
   embeddings), the codes are of those principal components: half the bytes
@@ -41,7 +42,7 @@ from superfile.errors import (
 )
 
 if TYPE_CHECKING:
-    from superfile.format.ivf_scan import IvfParts
+    from superfile.format.vector_union import VectorUnion
 
 __all__ = [
     "KINDS",
@@ -53,7 +54,6 @@ __all__ = [
     "build_vector_index",
     "exact_distances",
     "list_runs",
-    "smallest",
 ]
 
 METRICS: Final = ("cosine", "l2", "dot")
@@ -72,9 +72,6 @@ _METRIC_CODES: Final = {"cosine": 0, "l2": 1, "dot": 2}
 _HNSW_DTYPES: Final = ("f32", "f16", "bf16")
 _MAX_ROWS: Final = 2**32 - 1  # row offsets are uint32, like the roaring bitmaps that filter them
 _ASSIGN_CHUNK: Final = 8192  # rows per k-means assignment matmul: bounds the (chunk, nlist) scratch
-# smallest(): a sample of every count-th key; its 8th smallest value has rank ~8x count, and is below count
-# only if 8 samples fell among the count smallest keys, where 1 is expected (p ~ 1e-5: then all keys are used)
-_SAMPLE_RANK: Final = 7
 
 _Floats = npt.NDArray[np.float32]
 _Ints = npt.NDArray[np.int64]
@@ -155,7 +152,8 @@ def build_vector_blob(
 class IvfLists:
     """Views of an IVF index's sections: list centroids with their scoring bias (``bias - 2 c.q`` orders lists
     by distance to q), list ``offsets`` into the list-ordered ``codes`` (int8, per-component ``scale``),
-    ``vectors`` and ``norms``, the row offset of each position (``row_ids``) and the search defaults. Codes
+    ``vectors`` and ``norms``, the row offset of each position (``row_ids``) and the position of each row
+    offset (``row_pos``), and the search defaults. Codes
     are of the vectors themselves, or (``proj`` not None) of their principal components: ``x - mean``
     projected on ``proj``'s columns, each scaled by its ``scale``."""
 
@@ -167,6 +165,7 @@ class IvfLists:
     vectors: _Floats
     norms: _Floats
     row_ids: npt.NDArray[np.uint32]
+    row_pos: npt.NDArray[np.uint32]
     nprobe: int
     rerank: int
     mean: _Floats | None
@@ -246,9 +245,11 @@ class VectorIndex:
         ``nprobe`` (IVF lists to scan at least) is ignored by HNSW; ``rerank`` is the
         number of candidates rescored exactly (for HNSW also the search breadth).
         """
-        q = self.prepare_query(query)
         k, nprobe, rerank = self._knobs(k, nprobe, rerank)
-        return self._search(q, k, nprobe, rerank, self._filter(allow))
+        if self.kind == "ivf":  # a union of this one index: one IVF search for a superfile and for many
+            found = self._union.top_each(query, k, [(0, allow)], nprobe=nprobe, rerank=rerank)
+            return (found[0][1], found[0][2]) if found else (np.empty(0, np.int64), np.empty(0, np.float32))
+        return self._search(self.prepare_query(query), k, rerank, self._filter(allow))
 
     def vectors(self, rows: npt.ArrayLike) -> _Floats:
         """The original float32 vectors of these row offsets, shape (len(rows), dim)."""
@@ -273,6 +274,7 @@ class VectorIndex:
             self._vecs,
             self._norms,
             self._row_ids,
+            self._row_pos,
             h.nprobe,
             h.rerank,
             self._mean,
@@ -315,95 +317,36 @@ class VectorIndex:
             return None  # every row allowed: the unfiltered path is the filtered answer
         rows = np.frombuffer(allow.to_array(), dtype=np.uint32)
         rows = rows[: np.searchsorted(rows, n)]
-        pos = self._row_pos[rows].astype(np.int64) if self.kind == "ivf" else rows.astype(np.int64)
-        return _Filter(pos, n)
+        return _Filter(rows.astype(np.int64), n)
 
-    def _search(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
+    def _search(self, q: _Floats, k: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
+        """An HNSW search; few candidate rows (a selective filter, or a tiny file) are scanned instead: cheaper
+        than the graph, and exact where a small graph can miss rows."""
         if k == 0 or self.num_rows == 0 or (flt is not None and flt.m == 0):
             return np.empty(0, np.int64), np.empty(0, np.float32)
-        # few candidate rows (a selective filter, or a tiny file): scanning them all is cheaper
-        # than probing, and exact where a small HNSW graph can miss rows
-        if (self.num_rows if flt is None else flt.m) <= self._brute_limit(nprobe, rerank):
-            return self._brute(q, k, np.arange(self.num_rows) if flt is None else flt.pos, rerank)
-        if self._hnsw is not None:
-            return self._hnsw_search(q, k, rerank, flt)
-        return self._ivf_search(q, k, nprobe, rerank, flt)
-
-    def _brute_limit(self, nprobe: int, rerank: int) -> int:
-        """Allowed-row count up to which scanning those rows directly is the cheaper plan."""
-        if self.kind == "hnsw":  # vs. a graph search whose breadth grows as n/m; scans cost ~dim
-            return max(4 * rerank, int(_HNSW_BRUTE_PER_SQRT_N * math.sqrt(self.num_rows * 384 / self.dim)))
-        return int(_IVF_BRUTE_FACTOR * nprobe * self.num_rows / max(self.nlist, 1))
-
-    def _brute(self, q: _Floats, k: int, pos: _Ints, rerank: int) -> tuple[_Ints, _Floats]:
-        """Scan the allowed rows themselves: int8 first pass (IVF only), then exact rerank."""
-        want = max(rerank, k)
-        if self.kind == "ivf" and len(pos) > want:
-            pos = pos[smallest(self._kernels.positions(0, *self._quantized_query(q), pos), want)]
-        return self._rerank(q, pos, k)
+        # vs. a graph search whose breadth grows as n/m; scans cost ~dim
+        limit = max(4 * rerank, int(_HNSW_BRUTE_PER_SQRT_N * math.sqrt(self.num_rows * 384 / self.dim)))
+        if (self.num_rows if flt is None else flt.m) <= limit:
+            return self._rerank(q, np.arange(self.num_rows) if flt is None else flt.pos, k)
+        return self._hnsw_search(q, k, rerank, flt)
 
     def _rerank(self, q: _Floats, pos: _Ints, k: int) -> tuple[_Ints, _Floats]:
-        """Exact float32 distances for stored positions ``pos``; top k by (distance, row)."""
+        """Exact float32 distances for rows ``pos``; top k by (distance, row)."""
         dist = np.empty(len(pos), dtype=np.float32)
         for s in range(0, len(pos), _GATHER_CHUNK):  # chunks stay in cache, unlike one big gather
             chunk = pos[s : s + _GATHER_CHUNK]
             # fancy indexing, not np.take(out=): a blob inside a superfile file need not be 4-byte
             # aligned, and take on an unaligned float32 view is ~1000x slower (1.7 ms for 40 rows)
             dist[s : s + len(chunk)] = exact_distances(self._vecs[chunk], q, self._norms[chunk], self.metric)
-        rows = self._row_ids[pos].astype(np.int64) if self.kind == "ivf" else pos
-        keep = smallest(dist, k)
-        order = keep[np.lexsort((rows[keep], dist[keep]))]
-        return rows[order], dist[order]
-
-    def _quantized_query(
-        self, q: _Floats
-    ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """The query coded for the first pass: its int8 codes (1, code dims), step and offset."""
-        return self._kernels.query_codes(q, np.zeros(1, np.int64))
+        keep = np.flatnonzero(dist <= np.partition(dist, k - 1)[k - 1]) if len(dist) > k > 0 else np.arange(len(dist))
+        order = keep[np.lexsort((pos[keep], dist[keep]))][:k]
+        return pos[order], dist[order]
 
     @cached_property
-    def _kernels(self) -> IvfParts:
-        from superfile.format.ivf_scan import IvfParts  # numba: ~0.2 s to import, paid by a first IVF search
+    def _union(self) -> VectorUnion:
+        from superfile.format.vector_union import VectorUnion  # imports this module
 
-        lists = self.ivf_lists
-        assert lists is not None
-        return IvfParts([lists], self.metric)
-
-    def _ivf_search(self, q: _Floats, k: int, nprobe: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
-        offsets = self._offsets
-        # |q - c|^2 - |q|^2 (l2; dot in its augmented space), -2 q.c for unit centroids (cosine)
-        order = np.argsort(self._kernels.route(q, np.zeros(1, np.int64)), kind="stable")
-        want = max(rerank, k)
-        if flt is None:
-            seen = np.cumsum(self._sizes[order])
-            # probe nprobe lists, more if they hold fewer than k rows (tiny files, skewed lists)
-            probes = order[: max(nprobe, int(np.searchsorted(seen, k)) + 1)]
-        else:
-            # Lists without allowed rows are skipped. Of the rest, probe the nprobe nearest (a
-            # filter correlated with the geometry leaves whole regions empty) and keep going
-            # until the allowed rows seen reach what default probing scans times s**0.75: a
-            # uniform filter keeping a fraction s puts the top k among the nearest ~k/s rows.
-            counts = flt.list_counts(offsets)[order]
-            base = int(np.sum(self._sizes[order[:nprobe]]))
-            target = max(k, math.ceil(base * (flt.m / self.num_rows) ** _FILTER_EXPONENT))
-            useful = np.cumsum(counts > 0)
-            nlists = max(np.searchsorted(useful, nprobe), np.searchsorted(np.cumsum(counts), target)) + 1
-            probes = order[:nlists][counts[:nlists] > 0]
-        probes = np.sort(probes)  # storage order: adjacent lists merge into one kernel call
-        starts = offsets[probes]
-        sizes = offsets[probes + 1] - starts
-        total = int(sizes.sum())
-        # scored run by run in storage order, so the keys line up with pos
-        runs = list_runs(np.zeros(len(probes), np.int64), starts, sizes)
-        keys = self._kernels.runs(*self._quantized_query(q), runs)
-        ends = np.cumsum(sizes)
-        pos = np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - sizes), sizes)
-        if flt is not None:
-            allowed = flt.mask[pos]
-            keys, pos = keys[allowed], pos[allowed]
-        if len(pos) > want:
-            pos = pos[smallest(keys, want)]
-        return self._rerank(q, pos, k)
+        return VectorUnion([self])
 
     def _hnsw_search(self, q: _Floats, k: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:
         assert self._hnsw is not None
@@ -422,11 +365,7 @@ class VectorIndex:
                 return self._rerank(q, keys, k)
             count *= 4
             if count * _HNSW_VISIT_COST >= flt.m or count >= n:
-                return self._brute(q, k, flt.pos, rerank)
-
-    @cached_property
-    def _sizes(self) -> _Ints:
-        return np.diff(self._offsets)
+                return self._rerank(q, flt.pos, k)
 
 
 # Search tuning constants (measured, see docs/vector-index.md).
@@ -436,12 +375,10 @@ _REDUCE_VARIANCE: Final = 0.9  # MiniLM 384-d: 192 components (0.914); 160 (0.87
 _REDUCE_STEP: Final = 32  # components come in multiples of this (whole SIMD blocks)
 _REDUCE_MIN_ROWS_PER_DIM: Final = 4  # a covariance from fewer rows per dimension is too noisy to trust
 _HNSW_RERANK: Final = 160
-_IVF_BRUTE_FACTOR: Final = 1.0  # scan allowed rows directly when fewer than this x the default probe scans
 _HNSW_BRUTE_PER_SQRT_N: Final = 24.0
 _HNSW_OVERSAMPLE: Final = 2.0
 _HNSW_VISIT_COST: Final = 16  # a graph candidate costs about as much as scanning this many rows
 _GATHER_CHUNK: Final = 1024  # rows per gather when scanning scattered rows
-_FILTER_EXPONENT: Final = 0.75
 
 
 class _Filter:
@@ -457,11 +394,6 @@ class _Filter:
         mask = np.zeros(self._n, dtype=np.bool_)
         mask[self.pos] = True
         return mask
-
-    def list_counts(self, offsets: _Ints) -> _Ints:
-        """Allowed rows in each IVF list."""
-        seen = np.concatenate(([0], np.cumsum(self.mask, dtype=np.int64)))
-        return seen[offsets[1:]] - seen[offsets[:-1]]
 
 
 def _components(sample: _Floats) -> tuple[_Floats, _Floats] | None:
@@ -501,32 +433,11 @@ def exact_distances(v: _Floats, q: _Floats, norms: _Floats, metric: str) -> _Flo
 def list_runs(part: _Ints, start: _Ints, size: _Ints) -> _Ints:
     """Lists (of ``part``, at position ``start``, of ``size`` rows) in storage order as runs of rows (part,
     first position, length): adjacent lists of one part make one run."""
+    if not len(part):
+        return np.zeros((0, 3), np.int64)
     cut = np.flatnonzero((part[1:] != part[:-1]) | (start[1:] != start[:-1] + size[:-1])) + 1
     first, last = np.concatenate(([0], cut)), np.concatenate((cut - 1, [len(start) - 1]))
     return np.stack((part[first], start[first], start[last] + size[last] - start[first]), 1)
-
-
-def smallest(keys: npt.NDArray[Any], count: int) -> _Ints:
-    """Indices of the ``count`` smallest keys in ascending index order, ties at the cut to the lower index.
-
-    One full ``argpartition`` of the ~30k first-pass keys of a 1M-row search took ~0.3 ms, a tenth of the
-    query; a strided sample's few smallest values bound the answer instead, so only the keys at or below that
-    bound (~8x ``count``) are partitioned. The tie rule makes the answer one set whichever way it is found."""
-    n = len(keys)
-    if n <= count or count <= 0:
-        return np.arange(min(n, max(count, 0)))
-    found: _Ints | None = None
-    if count >= 2 and n >= 4 * (_SAMPLE_RANK + 1) * count:
-        bound = np.partition(keys[::count], _SAMPLE_RANK)[_SAMPLE_RANK]
-        found = np.flatnonzero(keys <= bound)
-        if len(found) < count:  # an unlucky sample: fall back to every key
-            found = None
-    if found is None:
-        found = np.arange(n)
-    held = keys[found]
-    cut = np.partition(held, count - 1)[count - 1]
-    below = found[held < cut]
-    return np.sort(np.concatenate((below, found[held == cut][: count - len(below)])))
 
 
 # -- build -------------------------------------------------------------------------------------

@@ -925,19 +925,33 @@ class Searcher:
             rows, dist = reader.vector_index(column).search(q, k, nprobe=nprobe, rerank=rerank, allow=allow)
             return _Hits(e, np.asarray(rows, np.int64), np.asarray(dist, np.float32))
 
-        # filtered, the kernel scans the allowed rows in native code without the GIL, so the pool pays off
-        # (10% of 1M rows allowed: 11.0 ms on the pool, 15.6 ms inline)
-        run = self.snap.map if (tf is not None or predicate is not None) and self.spread else self.snap.each
-        united = self._vector_union(column) if tf is None and predicate is None else None
-
+        # Filtered, each superfile's allowed rows come from its filters' bitmaps (cached). The union searches every
+        # superfile it holds in one pass: one rerank pool over all where nothing is filtered or deleted, else a
+        # pool per superfile, whose answer does not depend on the others (a fleet's shares, and the two halves a
+        # search alone splits over the query pool while the cores are idle).
+        filtered = tf is not None or predicate is not None
+        run = self.snap.map if filtered and self.spread else self.snap.each
+        united = self._vector_union(column)
         union, members, part_of = united if united is not None else (None, [], {})
+
+        def own_pools(each: list[tuple[int, pyroaring.AbstractBitMap | None]]) -> list[tuple[int, Any, Any]]:
+            return union.top_each(q, k, each, nprobe=nprobe, rerank=rerank) if union is not None and each else []
 
         def search(batch: list[SuperfileEntry]) -> list[_Hits]:
             if union is None:
                 return run(one, batch)
-            inside = [part_of[e.path] for e in batch if e.path in part_of]
-            found = [_Hits(members[p], r, d) for p, r, d in union.top(q, k, inside, nprobe=nprobe, rerank=rerank)]
-            return found + run(one, [e for e in batch if e.path not in part_of])
+            inside = [e for e in batch if e.path in part_of]
+            alone = [part_of[e.path] for e in inside if not filtered and e.deletes is None]
+            own = [e for e in inside if filtered or e.deletes is not None]
+            allow = run(lambda e: self._allowed(e, tf, predicate, where), own)
+            each = list(zip([part_of[e.path] for e in own], allow, strict=True))
+            found = union.top(q, k, alone, nprobe=nprobe, rerank=rerank) if alone else []
+            if filtered and self.spread and len(each) > 1:
+                found += [h for half in self.snap.map(own_pools, [each[0::2], each[1::2]]) for h in half]
+            else:
+                found += own_pools(each)
+            hits = [_Hits(members[p], r, d) for p, r, d in found]
+            return hits + run(one, [e for e in batch if e.path not in part_of])
 
         # Two waves: the nearest quarter, then what its k-th distance cannot rule out; one wave if no bound is
         # above 0 (q within every superfile's radius), when nothing can be ruled out. Each wave costs ~0.3 ms
@@ -963,12 +977,12 @@ class Searcher:
         return f"{self.snap.files.storage.uri}#{column}"
 
     def _vector_union(self, column: str) -> tuple[VectorUnion, list[SuperfileEntry], dict[str, int]] | None:
-        """One IVF search over the superfiles without deleted rows (``format/vector_union.py``), those superfiles
-        (its parts, in order) and each one's part number by path; built once per snapshot. None if no superfile
-        qualifies."""
+        """One IVF search over the superfiles with an IVF index of ``column`` (``format/vector_union.py``), those
+        superfiles (its parts, in order) and each one's part number by path; built once per snapshot. None if no
+        superfile qualifies."""
 
         def build() -> tuple[VectorUnion, list[SuperfileEntry], dict[str, int]] | None:
-            entries = [e for e in self.snap.entries() if e.deletes is None and column in e.vectors]
+            entries = [e for e in self.snap.entries() if column in e.vectors]
             if not _fits_open_files(len(entries)):
                 return None
             indexes = self.snap.each(lambda e: self.snap.open(e).vector_index(column), entries)
