@@ -142,12 +142,13 @@ class VectorUnion:
         ranked with a rerank pool of the part's own: what ``VectorIndex.search(query, k, allow=...)`` of the
         part alone gives, so the answer over some parts does not depend on how they are split (a fleet's shares).
 
-        The parts' steps still run together: one routing, one choice of lists, one first pass (a heap per part)
-        and one rerank. A part whose allowed rows are few is scanned row by row; otherwise its lists with allowed
-        rows are probed, nearest first, until the allowed rows seen reach what its probing would scan times
-        ``s**0.75`` (``s`` the fraction allowed: a uniform filter puts the k nearest allowed rows among the
-        ~k/s nearest), and at least ``nprobe`` of them (a filter correlated with the geometry leaves whole
-        regions empty). ``rerank`` is per part (None: its default).
+        The parts' steps still run together: one routing, one choice of lists, one first pass (each part's pool
+        picked from its own keys) and one rerank. A part whose allowed rows are few is scanned row by row;
+        otherwise its lists with allowed rows are probed, nearest first, until the allowed rows seen reach what
+        its probing would scan times ``s**0.75`` (``s`` the fraction allowed: a uniform filter puts the k nearest
+        allowed rows among the ~k/s nearest), and at least ``nprobe`` of them (a filter correlated with the
+        geometry leaves whole regions empty); only the allowed rows of those lists are scored. ``rerank`` is per
+        part (None: its default).
         """
         q = self._first_part.prepare_query(query)
         parts, allowed, rows = self._allowed(allow)

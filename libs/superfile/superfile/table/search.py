@@ -943,7 +943,8 @@ class Searcher:
             inside = [e for e in batch if e.path in part_of]
             alone = [part_of[e.path] for e in inside if not filtered and e.deletes is None]
             own = [e for e in inside if filtered or e.deletes is not None]
-            allow = run(lambda e: self._allowed(e, tf, predicate, where), own)
+            # inline: cached bitmaps cost microseconds, and a cold filter's Arrow kernels use Arrow's own threads
+            allow = self.snap.each(lambda e: self._allowed(e, tf, predicate, where), own)
             each = list(zip([part_of[e.path] for e in own], allow, strict=True))
             found = union.top(q, k, alone, nprobe=nprobe, rerank=rerank) if alone else []
             if filtered and self.spread and len(each) > 1:
