@@ -254,11 +254,14 @@ def _nearest_each(
         if p < 0 or p >= len(part) or done[p]:
             raise IndexError("a run of a part that is not there, or not adjacent to the part's other runs")
         done[p] = True
+        codes, norms = _view(part, p)  # once a part: a filter's runs are of ~2 rows
+        q, rows, part_step, part_offset = q8[p, : part[p, 3]], part[p, 2], step[p], offset[p]
         while r < runs.shape[0] and runs[r, 0] == p:
-            _, lo, n, codes, norms = _run(part, runs, r)
-            q = q8[p, : part[p, 3]]
+            lo, n = runs[r, 1], runs[r, 2]
+            if lo < 0 or n < 0 or lo + n > rows:
+                raise IndexError("a run of rows past its part's codes")
             for i in range(n):
-                keys[index + i] = _key(codes, norms, lo + i, q, step[p], offset[p], l2)
+                keys[index + i] = _key(codes, norms, lo + i, q, part_step, part_offset, l2)
             index += n
             r += 1
         written = _smallest(keys, first, index, want[p], out, written)
