@@ -3,6 +3,7 @@ checked, and the interpreter lock let go."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import threading
@@ -99,24 +100,29 @@ def test_the_nearest_are_the_smallest_keys_ties_to_the_lower_index(
 
 @pytest.mark.parametrize("count", [0, 1, 40, 5_000])
 def test_a_pool_per_part_holds_each_parts_own_nearest(mixed: tuple[str, list[IvfLists]], count: int) -> None:
-    """With a count per part, each part's rows are chosen among themselves (ties to the lower index too), as if
-    each part were searched alone; each part's runs must be adjacent."""
+    """``nearest_each``: each part's rows are chosen among themselves (ties to the lower index), as if each part
+    were searched alone; a part whose rows all fit its pool is taken whole; rows must ascend."""
     metric, parts = mixed
     scan = IvfParts(parts, metric)
-    runs = np.array([[0, 0, 3_000], [0, 0, 3_000], [1, 10, 7], [2, 500, 1_000], [2, 2_000, 1]], np.int64)
+    assert scan.base.tolist() == [0, 3_000, 6_000, 9_000]
+    rng = np.random.default_rng(19)
+    rows = np.sort(rng.choice(9_000, 4_000, replace=False))
     counts = np.array([count, 3, count], np.int64)
     for q in low_rank(3, 128, 16, seed=17):
         coded_q = scan.query_codes(q, np.arange(3))
-        keys = keys_of(scan, coded_q, runs)
-        start = np.concatenate(([0], np.cumsum(runs[:, 2])))
-        bounds = {0: (start[0], start[2]), 1: (start[2], start[3]), 2: (start[3], start[5])}
-        want = np.concatenate([a + lowest(keys[a:b], int(counts[p])) for p, (a, b) in bounds.items()])
-        index, found = scan.nearest(*coded_q, runs, counts)
-        assert np.array_equal(index, want) and np.array_equal(found, keys[index])
-    with pytest.raises(IndexError, match="adjacent"):
-        scan.nearest(*coded_q, runs[[0, 3, 1]], counts)
+        part = np.searchsorted(scan.base, rows, side="right") - 1
+        keys = keys_of(scan, coded_q, np.stack((part, rows - scan.base[part], np.ones(len(rows), np.int64)), 1))
+        bounds = np.searchsorted(rows, scan.base)
+        want = np.concatenate(
+            [a + lowest(keys[a:b], int(counts[p])) for p, (a, b) in enumerate(itertools.pairwise(bounds))]
+        )
+        assert np.array_equal(scan.nearest_each(*coded_q, rows, counts), want)
+    with pytest.raises(IndexError, match="ascend"):
+        scan.nearest_each(*coded_q, rows[::-1].copy(), counts)
+    with pytest.raises(IndexError, match="ascend"):
+        scan.nearest_each(*coded_q, np.array([5, 9_000]), counts)
     with pytest.raises(ValueError, match="a count for each"):
-        scan.nearest(*coded_q, runs, counts[:2])
+        scan.nearest_each(*coded_q, rows, counts[:2])
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -138,6 +144,23 @@ def test_a_pool_is_the_lowest_keys_ties_to_the_lower_index(dtype: type) -> None:
         out = np.empty(n, np.int64)
         found = out[: ivf_scan._smallest(buffer, a, a + n, count, out, 0)] - a
         assert np.array_equal(found, lowest(keys, count)), (n, count, trial % len(makers))
+
+
+def test_the_rows_to_score_are_the_allowed_rows_of_the_probed_lists() -> None:
+    """Every row of a list marked whole, the allowed rows of the others, ascending; lists not probed (and empty
+    lists) give nothing."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        size = rng.integers(0, 6, int(rng.integers(1, 12))).astype(np.int64)
+        first = np.concatenate(([0], np.cumsum(size)[:-1])).astype(np.int64)
+        total = int(size.sum())
+        rows = np.flatnonzero(rng.random(total) < rng.random())
+        lists = np.flatnonzero(rng.random(len(size)) < 0.7)
+        whole = rng.random(len(size)) < 0.3
+        got = ivf_scan.list_rows(rows, first, first + size, lists, whole)
+        allowed = set(rows.tolist())
+        want = [r for lst in lists for r in range(first[lst], first[lst] + size[lst]) if whole[lst] or r in allowed]
+        assert got.tolist() == want
 
 
 def test_a_part_is_routed_and_coded_among_others_as_alone_and_as_numpy_would(

@@ -32,7 +32,7 @@ import numpy.typing as npt
 from numba.core import types
 from numba.extending import intrinsic
 
-__all__ = ["IvfParts", "IvfSections"]
+__all__ = ["IvfParts", "IvfSections", "list_rows"]
 
 _Keys = npt.NDArray[np.float64]
 _Ints = npt.NDArray[np.int64]
@@ -240,32 +240,55 @@ def _smallest(keys: Any, a: int, b: int, want: int, out: Any, at: int) -> int:
 
 @_compiled
 def _nearest_each(
-    part: Any, q8: Any, step: Any, offset: Any, l2: bool, runs: Any, want: Any, keys: Any, out: Any
+    part: Any, q8: Any, step: Any, offset: Any, l2: bool, rows: Any, base: Any, want: Any, keys: Any, out: Any
 ) -> int:
-    """Score the rows of ``runs`` into ``keys`` (index: a row's place in run order) and write to ``out`` the
-    indices of each part's ``want[p]`` smallest among its own rows (:func:`_smallest`), part after part: a
-    part's runs are adjacent, and its rows are chosen before the next part's are read. Returns how many it
-    wrote. (Pools of ~13% of the rows, as a filter's, cost ~0.8 ms more over 25K rows kept in heaps as they
-    were scored: the sift-downs branch unpredictably.)"""
-    done = np.zeros(len(part), np.bool_)
-    index, written, r = 0, 0, 0
-    while r < runs.shape[0]:
-        first, p = index, runs[r, 0]
-        if p < 0 or p >= len(part) or done[p]:
-            raise IndexError("a run of a part that is not there, or not adjacent to the part's other runs")
-        done[p] = True
-        codes, norms = _view(part, p)  # once a part: a filter's runs are of ~2 rows
-        q, rows, part_step, part_offset = q8[p, : part[p, 3]], part[p, 2], step[p], offset[p]
-        while r < runs.shape[0] and runs[r, 0] == p:
-            lo, n = runs[r, 1], runs[r, 2]
-            if lo < 0 or n < 0 or lo + n > rows:
-                raise IndexError("a run of rows past its part's codes")
-            for i in range(n):
-                keys[index + i] = _key(codes, norms, lo + i, q, part_step, part_offset, l2)
-            index += n
-            r += 1
-        written = _smallest(keys, first, index, want[p], out, written)
+    """For each part, score its ``rows`` (ascending, numbered across parts: part p's from ``base[p]``) into
+    ``keys`` and write to ``out`` the indices of its ``want[p]`` smallest (:func:`_smallest`); a part whose rows
+    all fit is taken whole, unscored. Returns how many indices it wrote. A row at a time in a loop of
+    independent iterations: as runs of ~2 rows (a filter's), whose lengths the branches mispredict, the same
+    rows cost ~15% more."""
+    for j in range(len(rows)):
+        if rows[j] < 0 or rows[j] >= base[len(part)] or (j and rows[j] <= rows[j - 1]):
+            raise IndexError("rows must ascend, each a row of a part")
+    written, i = 0, 0
+    while i < len(rows):
+        p = np.searchsorted(base, rows[i], side="right") - 1
+        end = np.searchsorted(rows, base[p + 1])
+        if end - i > want[p]:
+            codes, norms = _view(part, p)
+            q, first = q8[p, : part[p, 3]], base[p]
+            for j in range(i, end):
+                keys[j] = _key(codes, norms, rows[j] - first, q, step[p], offset[p], l2)
+        written = _smallest(keys, i, end, want[p], out, written)
+        i = end
     return written
+
+
+@_compiled
+def _list_rows(rows: Any, first_row: Any, end_row: Any, lists: Any, whole: Any, out: Any) -> int:
+    count, i = 0, 0
+    for lst in lists:
+        if whole[lst]:
+            for r in range(first_row[lst], end_row[lst]):
+                out[count] = r
+                count += 1
+            continue
+        while i < len(rows) and rows[i] < first_row[lst]:
+            i += 1
+        while i < len(rows) and rows[i] < end_row[lst]:
+            out[count] = rows[i]
+            count += 1
+            i += 1
+    return count
+
+
+def list_rows(rows: _Ints, first_row: _Ints, end_row: _Ints, lists: _Ints, whole: npt.NDArray[np.bool_]) -> _Ints:
+    """The rows of ``lists`` (ascending; list l holds rows ``first_row[l]`` to ``end_row[l]``) to score: every
+    row of a list marked ``whole``, else those of the allowed ``rows`` (ascending) in it. One pass over both
+    (numpy's steps took ~1 ms for the 100K rows a 10% filter allows of 1M)."""
+    size = int((end_row[lists] - first_row[lists])[whole[lists]].sum()) + len(rows)
+    out = np.empty(size, np.int64)
+    return out[: _list_rows(rows, first_row, end_row, lists, whole, out)]
 
 
 class IvfParts:
@@ -287,6 +310,7 @@ class IvfParts:
         self._nlist = np.array([len(x.bias) for x in parts], np.int64)
         self._first = np.concatenate(([0], np.cumsum(self._nlist)))  # part p's lists: first[p] .. first[p + 1]
         rows = np.array([x.codes.shape[0] for x in parts], np.int64)
+        self.base = np.concatenate(([0], np.cumsum(rows)))  # the parts' rows numbered together: part p's from base[p]
         self._dims = np.array([x.codes.shape[1] for x in parts], np.int64)
         self.width = int(self._dims.max(initial=0))  # the widest code: the columns of a coded query's ``q8``
         # what the scans read of each part, a row each: code address, norm address, rows, code dims
@@ -349,26 +373,29 @@ class IvfParts:
         return q8, step, offset
 
     def nearest(
-        self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys, runs: _Ints, count: int | _Ints
+        self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys, runs: _Ints, count: int
     ) -> tuple[_Ints, _Keys]:
         """The ``count`` rows of ``runs`` (rows of part, first position, length) of the smallest keys, each row
-        by its index in run order, ties at the cut to the lower index: the indices ascending, and their keys.
-        With ``count`` an array (one per part), each part's ``count[p]`` of its own rows instead, each part's
-        runs adjacent. A whole search's few (~0.3% of the rows) are kept in a heap as the rows are scored; a
-        part's (a filter's rows, ~13%) are picked from its keys."""
+        by its index in run order, ties at the cut to the lower index, kept in a heap as the rows are scored: the
+        indices ascending, and their keys."""
         self._check(q8, step, offset)
-        if isinstance(count, int | np.integer):
-            heap_key, heap_at = np.empty(max(int(count), 0), np.float64), np.empty(max(int(count), 0), np.int64)
-            size = _nearest_runs(self._part, q8, step, offset, self._l2, runs, heap_key, heap_at)
-            order = np.argsort(heap_at[:size])
-            return heap_at[:size][order], heap_key[:size][order]
+        heap_key, heap_at = np.empty(max(count, 0), np.float64), np.empty(max(count, 0), np.int64)
+        size = _nearest_runs(self._part, q8, step, offset, self._l2, runs, heap_key, heap_at)
+        order = np.argsort(heap_at[:size])
+        return heap_at[:size][order], heap_key[:size][order]
+
+    def nearest_each(self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys, rows: _Ints, count: _Ints) -> _Ints:
+        """For each part p, the indices into ``rows`` of its ``count[p]`` rows of the smallest keys, ties at the
+        cut to the lower index, ascending. ``rows`` ascend in the parts' joint numbering (part p's rows follow
+        the earlier parts': :attr:`base`). A part's pool is picked from its keys: a heap per part, for pools of
+        ~13% of the rows (a filter's), cost ~0.8 ms more over 25K rows, its sift-downs branching unpredictably.
+        A part whose rows all fit its pool is not scored."""
+        self._check(q8, step, offset)
         want = np.asarray(count, np.int64)
         if want.shape != (len(self._parts),) or np.any(want < 0):
             raise ValueError(f"a count for each of {len(self._parts)} parts was expected")
-        keys = np.empty(int(runs[:, 2].sum()) if len(runs) else 0, np.float64)
-        out = np.empty(min(len(keys), int(want.sum())), np.int64)
-        chosen = out[: _nearest_each(self._part, q8, step, offset, self._l2, runs, want, keys, out)]
-        return chosen, keys[chosen]
+        keys, out = np.empty(len(rows), np.float64), np.empty(min(len(rows), int(want.sum())), np.int64)
+        return out[: _nearest_each(self._part, q8, step, offset, self._l2, rows, self.base, want, keys, out)]
 
     def _check(self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys) -> None:
         # the kernels check positions, not the query: a wrong shape would read past it

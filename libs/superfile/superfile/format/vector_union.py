@@ -93,7 +93,7 @@ class VectorUnion:
         self._rows = np.array([len(x.row_ids) for x in self._lists], np.int64)
         # every part's rows numbered after the earlier parts' (part p's from base[p]), and each list's first
         # row in that numbering: ascending, so a row's list is a search of it
-        self._base = np.concatenate(([0], np.cumsum(self._rows)))
+        self._base = self._kernels.base
         self._first_row = self._base[self._part] + self._start
         self._end_row = self._first_row + self._size
         self._nprobe = np.minimum(np.array([x.nprobe for x in self._lists], np.int64), np.maximum(nlist, 1))
@@ -160,23 +160,17 @@ class VectorUnion:
         brute = allowed <= np.floor(_BRUTE_FACTOR * count * n / np.maximum(nlist, 1))  # (not filtered: every list)
         probed = self._probes_each(q, parts[~brute], k, nprobe, allowed[~brute], rows)
         lists = np.sort(np.concatenate((probed, self._grid[parts[brute]].ravel())))
-        lists = lists[lists >= 0]
-        plain = lists[(allowed == n)[np.searchsorted(parts, self._part[lists])]]
-        runs = list_runs(self._part[plain], self._start[plain], self._size[plain])
-        runs = np.concatenate((runs, self._runs_of(rows, lists)))
-        runs = runs[np.argsort(runs[:, 0], kind="stable")]  # each part's runs adjacent, in storage order
-        # a part whose candidates all fit its rerank pool skips the first pass (and the coding of the query for it)
-        direct = np.zeros(len(self._lists), bool)
-        direct[parts] = brute & (allowed <= want)
-        scan, whole = runs[~direct[runs[:, 0]]], runs[direct[runs[:, 0]]]
+        whole = np.zeros(len(self._lists), bool)
+        whole[parts[allowed == n]] = True  # unfiltered parts: every row of their probed lists
+        scored = self._rows_of(rows, lists[lists >= 0], whole[self._part])
         pool = np.zeros(len(self._lists), np.int64)
         pool[parts] = want
-        coded = self._kernels.query_codes(q, parts[~direct[parts]])
-        best, _ = self._kernels.nearest(*coded, scan, pool) if len(scan) else (np.zeros(0, np.int64), None)
-        scanned, kept = _locate(best, scan), _locate(np.arange(whole[:, 2].sum()), whole)
-        part, pos = np.concatenate((scanned[0], kept[0])), np.concatenate((scanned[1], kept[1]))
-        order = np.argsort(part, kind="stable")
-        return self._rerank(q, part[order], pos[order], k, each=True)
+        # a part whose rows all fit its pool is taken whole: the query is not coded for it, its rows not scored
+        held = np.diff(np.searchsorted(scored, self._base))
+        coded = self._kernels.query_codes(q, np.flatnonzero(held > pool))
+        best = scored[self._kernels.nearest_each(*coded, scored, pool)]
+        part = np.searchsorted(self._base, best, side="right") - 1
+        return self._rerank(q, part, best - self._base[part], k, each=True)
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -254,19 +248,12 @@ class VectorUnion:
         keep = np.where((allowed < n)[:, None], wide, keep)
         return np.sort(lists[keep & (lists >= 0)])
 
-    def _runs_of(self, rows: _Ints, lists: _Ints) -> _Ints:
-        """The allowed ``rows`` (union numbering, ascending) that lie in ``lists`` (ascending), as runs (part, first
-        position, length) of adjacent rows of one part."""
-        lo = np.searchsorted(rows, self._first_row[lists])
-        count = np.searchsorted(rows, self._end_row[lists]) - lo
-        if not count.any():
-            return np.zeros((0, 3), np.int64)
-        ends = np.cumsum(count)
-        rows = rows[np.arange(int(ends[-1])) + np.repeat(lo - (ends - count), count)]
-        part = np.repeat(self._part[lists], count)
-        first = np.flatnonzero(np.concatenate(([True], (np.diff(rows) != 1) | (part[1:] != part[:-1]))))
-        length = np.diff(np.concatenate((first, [len(rows)])))
-        return np.stack((part[first], rows[first] - self._base[part[first]], length), 1)
+    def _rows_of(self, rows: _Ints, lists: _Ints, whole: npt.NDArray[np.bool_]) -> _Ints:
+        """The rows to score (union numbering, ascending): every row of the ``lists`` marked ``whole``, the allowed
+        ``rows`` (ascending) of the others."""
+        from superfile.format.ivf_scan import list_rows  # imported with IvfParts already
+
+        return list_rows(rows, self._first_row, self._end_row, lists, whole)
 
     def _rerank(self, q: _Floats, part: _Ints, pos: _Ints, k: int, *, each: bool) -> _Hits:
         """Exact distances of the candidates (gathered part by part), then the k nearest by (distance, part, row),
