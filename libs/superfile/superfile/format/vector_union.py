@@ -18,9 +18,9 @@ same code ``VectorIndex.search`` runs for its one part):
    fewer than ``k`` rows: the lists a search of the part alone probes;
 2. **first pass**: the query coded for each part as its codes are (one
    projection call for the parts of principal-component codes, one
-   quantization per kind of code), then one call scores every run of
-   adjacent probed rows of every part into a key buffer and picks the best
-   of them, on the caller's thread (concurrent searches use every core); the
+   quantization per kind of code), then one call scores the probed rows of
+   every part and keeps the best of them, on the caller's thread (concurrent
+   searches use every core); the
    parts' codes have their own scales and bases, so the dot products are
    mapped back onto q.x and compare across parts;
 3. **rerank**: exact float32 distances for the best first-pass candidates.
@@ -42,9 +42,8 @@ allowed rows (no more than its default probing scans) has each of them
 scored (exact at the first pass: small tables stay exact), and one whose
 allowed rows all fit its pool skips the first pass; a part with more probes
 its lists that hold allowed rows, nearest first, and scores only those rows.
-On 250K rows in 16 superfiles, 10% of the rows allowed, one client thread,
-this took 5.4 against 6.2 ms of CPU a query searched one superfile at a time,
-and two client threads answered 1.68x the queries one did, against 1.06x.
+Measured against one superfile at a time: ``BENCHMARKS.md``, "Per-query cost",
+"Filtered searches through the union".
 """
 
 from __future__ import annotations
