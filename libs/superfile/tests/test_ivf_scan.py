@@ -16,11 +16,11 @@ from superfile.format import ivf_scan
 from superfile.format.ivf_scan import IvfParts
 from superfile.format.vector_index import (
     METRICS,
-    IvfLists,
     VectorIndex,
     VectorIndexParams,
     build_vector_index,
 )
+from superfile.format.vector_sections import IvfLists
 from test_vector_index import clustered, low_rank
 
 

@@ -40,7 +40,7 @@ _Floats = npt.NDArray[np.float32]
 
 
 class IvfSections(Protocol):
-    """What the kernels read of one IVF index (``vector_index.IvfLists``): list centroids (nlist, dim) with their
+    """What the kernels read of one IVF index (``vector_sections.IvfLists``): list centroids (nlist, dim) with their
     scoring bias, the int8 codes (rows, code dims) with per-component scales, the rows' norms, and for codes of
     principal components the mean and the axes (dim, code dims). All C-contiguous."""
 

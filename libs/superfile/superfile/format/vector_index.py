@@ -40,6 +40,7 @@ from superfile.errors import (
     InvalidVectorError,
     VectorDimensionError,
 )
+from superfile.format.vector_sections import IvfLists, exact_distances
 
 if TYPE_CHECKING:
     from superfile.format.vector_union import VectorUnion
@@ -47,13 +48,10 @@ if TYPE_CHECKING:
 __all__ = [
     "KINDS",
     "METRICS",
-    "IvfLists",
     "VectorIndex",
     "VectorIndexParams",
     "build_vector_blob",
     "build_vector_index",
-    "exact_distances",
-    "list_runs",
 ]
 
 METRICS: Final = ("cosine", "l2", "dot")
@@ -146,30 +144,6 @@ def build_vector_blob(
         sections = _build_hnsw(x, geo, norms, metric, params)
     header = _HeaderFields(params.kind, metric, dim, n, nlist, radius, nprobe, rerank, code_dim)
     return partial(_pack, header, [(b"SUMM", centroid), *sections])
-
-
-@dataclass(frozen=True)
-class IvfLists:
-    """Views of an IVF index's sections: list centroids with their scoring bias (``bias - 2 c.q`` orders lists
-    by distance to q), list ``offsets`` into the list-ordered ``codes`` (int8, per-component ``scale``),
-    ``vectors`` and ``norms``, the row offset of each position (``row_ids``) and the position of each row
-    offset (``row_pos``), and the search defaults. Codes
-    are of the vectors themselves, or (``proj`` not None) of their principal components: ``x - mean``
-    projected on ``proj``'s columns, each scaled by its ``scale``."""
-
-    centroids: _Floats
-    bias: _Floats
-    offsets: _Ints
-    scale: _Floats
-    codes: npt.NDArray[np.int8]
-    vectors: _Floats
-    norms: _Floats
-    row_ids: npt.NDArray[np.uint32]
-    row_pos: npt.NDArray[np.uint32]
-    nprobe: int
-    rerank: int
-    mean: _Floats | None
-    proj: _Floats | None
 
 
 class VectorIndex:
@@ -415,29 +389,6 @@ def _components(sample: _Floats) -> tuple[_Floats, _Floats] | None:
     if d > dim // 2:
         return None
     return mean.astype(np.float32), np.ascontiguousarray(axes[:, :d], dtype=np.float32)
-
-
-def exact_distances(v: _Floats, q: _Floats, norms: _Floats, metric: str) -> _Floats:
-    """Distances under ``metric`` from q to the rows ``v`` (a gathered copy: l2 overwrites it) of norms ``norms``.
-
-    Each row's distance is computed the same way wherever the row sits in ``v`` (einsum, not a BLAS
-    matrix-vector product, whose rounding depends on the row's position in its block), so the index's rerank,
-    the union's and the exact kernel's (``table/exact.py``) agree bit for bit."""
-    if metric == "l2":
-        v -= q
-        return np.einsum("ij,ij->i", v, v)
-    dots = np.einsum("ij,j->i", v, q)
-    return 1.0 - (dots / norms if metric == "cosine" else dots)
-
-
-def list_runs(part: _Ints, start: _Ints, size: _Ints) -> _Ints:
-    """Lists (of ``part``, at position ``start``, of ``size`` rows) in storage order as runs of rows (part,
-    first position, length): adjacent lists of one part make one run."""
-    if not len(part):
-        return np.zeros((0, 3), np.int64)
-    cut = np.flatnonzero((part[1:] != part[:-1]) | (start[1:] != start[:-1] + size[:-1])) + 1
-    first, last = np.concatenate(([0], cut)), np.concatenate((cut - 1, [len(start) - 1]))
-    return np.stack((part[first], start[first], start[last] + size[last] - start[first]), 1)
 
 
 # -- build -------------------------------------------------------------------------------------

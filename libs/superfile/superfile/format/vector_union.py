@@ -50,16 +50,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
 from pyroaring import AbstractBitMap
 
 from superfile.errors import InvalidOptionError
-from superfile.format.vector_index import IvfLists, VectorIndex, exact_distances, list_runs
+from superfile.format.vector_sections import IvfLists, exact_distances
 
-__all__ = ["VectorUnion"]
+__all__ = ["IndexPart", "VectorUnion"]
 
 _Floats = npt.NDArray[np.float32]
 _Ints = npt.NDArray[np.int64]
@@ -69,10 +69,22 @@ _BRUTE_FACTOR: Final = 1.0  # scan a part's allowed rows directly when fewer tha
 _FILTER_EXPONENT: Final = 0.75  # a filter keeping a fraction s of a part's rows: scan s**0.75 of what probing scans
 
 
+class IndexPart(Protocol):
+    """What a union takes of each part (a ``vector_index.VectorIndex``, which searches as a union of itself)."""
+
+    @property
+    def dim(self) -> int: ...
+    @property
+    def metric(self) -> str: ...
+    @property
+    def ivf_lists(self) -> IvfLists | None: ...
+    def prepare_query(self, query: npt.ArrayLike) -> _Floats: ...
+
+
 class VectorUnion:
     """A search over the IVF indexes ``parts`` (one dimension and metric); hits map back to (part, row)."""
 
-    def __init__(self, parts: Sequence[VectorIndex]) -> None:
+    def __init__(self, parts: Sequence[IndexPart]) -> None:
         ivf = [p.ivf_lists for p in parts]
         if not parts or len({(p.dim, p.metric) for p in parts}) != 1:
             raise ValueError("a vector union needs indexes of one dimension and metric")
@@ -216,7 +228,7 @@ class VectorUnion:
         short = np.flatnonzero(held < np.minimum(k, self._rows[parts]))
         keep[short] = False
         wider = [lists[keep]]
-        for i in short.tolist():  # probe on until the lists hold k rows, as VectorIndex._ivf_search does
+        for i in short.tolist():  # probe on until the lists hold k rows, as a part searched alone does
             order = np.argsort(dist[i], kind="stable")[: self._nlist[parts[i]]]
             seen = np.cumsum(self._size[grid[i, order]])
             wider.append(grid[i, order[: max(int(count[i]), int(np.searchsorted(seen, k)) + 1)]])
@@ -263,7 +275,7 @@ class VectorUnion:
         cut = np.flatnonzero(part[1:] != part[:-1]) + 1
         for a, b in zip(np.concatenate(([0], cut)).tolist(), np.concatenate((cut, [len(pos)])).tolist(), strict=True):
             x, at = self._lists[int(part[a])], pos[a:b]
-            v[a:b] = x.vectors[at]  # fancy indexing: see VectorIndex._rerank on unaligned views
+            v[a:b] = x.vectors[at]  # fancy indexing: see vector_index.VectorIndex._rerank on unaligned views
             norms[a:b] = x.norms[at]
             rows[a:b] = x.row_ids[at]
         dist = exact_distances(v, q, norms, self.metric)
@@ -286,3 +298,13 @@ def _locate(index: _Ints, runs: _Ints) -> tuple[_Ints, _Ints]:
     at = np.cumsum(runs[:, 2]) - runs[:, 2]
     r = np.searchsorted(at, index, side="right") - 1
     return runs[r, 0], runs[r, 1] + index - at[r]
+
+
+def list_runs(part: _Ints, start: _Ints, size: _Ints) -> _Ints:
+    """Lists (of ``part``, at position ``start``, of ``size`` rows) in storage order as runs of rows (part,
+    first position, length): adjacent lists of one part make one run."""
+    if not len(part):
+        return np.zeros((0, 3), np.int64)
+    cut = np.flatnonzero((part[1:] != part[:-1]) | (start[1:] != start[:-1] + size[:-1])) + 1
+    first, last = np.concatenate(([0], cut)), np.concatenate((cut - 1, [len(start) - 1]))
+    return np.stack((part[first], start[first], start[last] + size[last] - start[first]), 1)

@@ -36,7 +36,7 @@ from superfile._lru import BudgetLRU
 from superfile.errors import InvalidOptionError
 from superfile.format.fulltext import Candidates, CorpusStats, corpus_df, length_norm32, make_analyzer, weight32
 from superfile.format.tantivy_files import FIELDNORMS
-from superfile.format.vector_index import exact_distances
+from superfile.format.vector_sections import exact_distances
 
 __all__ = ["ANALYSED_BYTES", "ExactCandidates", "ExactText", "analysed", "nearest", "release"]
 
