@@ -27,7 +27,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import Any, Final, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -41,9 +41,7 @@ from superfile.errors import (
     VectorDimensionError,
 )
 from superfile.format.vector_sections import IvfLists, exact_distances
-
-if TYPE_CHECKING:
-    from superfile.format.vector_union import VectorUnion
+from superfile.format.vector_union import VectorUnion
 
 __all__ = [
     "KINDS",
@@ -318,8 +316,6 @@ class VectorIndex:
 
     @cached_property
     def _union(self) -> VectorUnion:
-        from superfile.format.vector_union import VectorUnion  # imports this module
-
         return VectorUnion([self])
 
     def _hnsw_search(self, q: _Floats, k: int, rerank: int, flt: _Filter | None) -> tuple[_Ints, _Floats]:

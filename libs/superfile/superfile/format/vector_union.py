@@ -136,7 +136,7 @@ class VectorUnion:
         if not len(probes):  # parts without rows
             return []
         want = max(rerank or int(self._rerank_default[chosen].max()), k)
-        runs = list_runs(self._part[probes], self._start[probes], self._size[probes])
+        runs = _list_runs(self._part[probes], self._start[probes], self._size[probes])
         best, _ = self._kernels.nearest(*self._kernels.query_codes(q, runs[:, 0]), runs, want)
         return self._rerank(q, *_locate(best, runs), k, each=False)
 
@@ -169,8 +169,10 @@ class VectorUnion:
         count = np.minimum(nprobe, nlist) if nprobe is not None else self._nprobe[parts]
         want = np.maximum(rerank or self._rerank_default[parts], k)
         brute = allowed <= np.floor(_BRUTE_FACTOR * count * n / np.maximum(nlist, 1))  # (not filtered: every list)
-        probed = self._probes_each(q, parts[~brute], k, nprobe, allowed[~brute], rows)
-        lists = np.sort(np.concatenate((probed, self._grid[parts[brute]].ravel())))
+        plain, filtered = ~brute & (allowed == n), ~brute & (allowed < n)
+        probed = [self._probes(q, parts[plain], k, nprobe)] if plain.any() else []
+        probed += [self._filtered_probes(q, parts[filtered], k, nprobe, allowed[filtered], rows)]
+        lists = np.sort(np.concatenate((*probed, self._grid[parts[brute]].ravel())))
         whole = np.zeros(len(self._lists), bool)
         whole[parts[allowed == n]] = True  # unfiltered parts: every row of their probed lists
         scored = self._rows_of(rows, lists[lists >= 0], whole[self._part])
@@ -234,30 +236,28 @@ class VectorUnion:
             wider.append(grid[i, order[: max(int(count[i]), int(np.searchsorted(seen, k)) + 1)]])
         return np.sort(np.concatenate(wider))
 
-    def _probes_each(self, q: _Floats, parts: _Ints, k: int, nprobe: int | None, allowed: _Ints, rows: _Ints) -> _Ints:
-        """The lists :meth:`top_each` scans of ``parts`` (``allowed`` rows each, ``rows`` the allowed rows of the
-        filtered ones), ascending: as :meth:`_probes` for a part allowing every row; for a filtered part, its
-        lists holding allowed rows, nearest first, until ``nprobe`` of them and enough of its rows."""
+    def _filtered_probes(
+        self, q: _Floats, parts: _Ints, k: int, nprobe: int | None, allowed: _Ints, rows: _Ints
+    ) -> _Ints:
+        """The lists :meth:`top_each` probes of filtered ``parts`` (``allowed`` rows each, ``rows`` their allowed
+        rows), ascending: each part's lists holding allowed rows, nearest first, until ``nprobe`` of them and
+        enough of its rows."""
         if not len(parts):
             return np.zeros(0, np.int64)
         scores = self._kernels.route(q, parts)  # each part's own centroids, read in place
         grid = self._grid[parts]
         order = np.argsort(np.where(grid >= 0, scores[grid], np.inf), axis=1, kind="stable")
         lists = np.take_along_axis(grid, order, 1)  # each part's lists, nearest first, then the pads
-        seen = np.cumsum(np.where(lists >= 0, self._size[lists], 0), axis=1)
         count = np.minimum(nprobe, self._nlist[parts]) if nprobe is not None else self._nprobe[parts]
-        rank = np.arange(lists.shape[1])[None]
-        keep = rank < np.maximum(count, (seen < k).sum(axis=1) + 1)[:, None]  # on until the lists hold k rows
-        n = self._rows[parts]
+        seen = np.cumsum(np.where(lists >= 0, self._size[lists], 0), axis=1)
+        probed = seen[np.arange(len(parts)), np.maximum(count - 1, 0)]  # what unfiltered probing scans
+        target = np.maximum(k, np.ceil(probed * (allowed / np.maximum(self._rows[parts], 1)) ** _FILTER_EXPONENT))
         held = np.searchsorted(rows, self._end_row[lists]) - np.searchsorted(rows, self._first_row[lists])
         held[lists < 0] = 0  # allowed rows in each list
-        probed = seen[np.arange(len(parts)), np.maximum(count - 1, 0)]  # what unfiltered probing scans
-        target = np.maximum(k, np.ceil(probed * (allowed / np.maximum(n, 1)) ** _FILTER_EXPONENT))
         useful = (np.cumsum(held > 0, axis=1) < count[:, None]).sum(axis=1)
         enough = (np.cumsum(held, axis=1) < target[:, None]).sum(axis=1)
-        wide = (rank <= np.maximum(useful, enough)[:, None]) & (held > 0)
-        keep = np.where((allowed < n)[:, None], wide, keep)
-        return np.sort(lists[keep & (lists >= 0)])
+        keep = (np.arange(lists.shape[1])[None] <= np.maximum(useful, enough)[:, None]) & (held > 0)
+        return np.sort(lists[keep])
 
     def _rows_of(self, rows: _Ints, lists: _Ints, whole: npt.NDArray[np.bool_]) -> _Ints:
         """The rows to score (union numbering, ascending): every row of the ``lists`` marked ``whole``, the allowed
@@ -300,11 +300,9 @@ def _locate(index: _Ints, runs: _Ints) -> tuple[_Ints, _Ints]:
     return runs[r, 0], runs[r, 1] + index - at[r]
 
 
-def list_runs(part: _Ints, start: _Ints, size: _Ints) -> _Ints:
+def _list_runs(part: _Ints, start: _Ints, size: _Ints) -> _Ints:
     """Lists (of ``part``, at position ``start``, of ``size`` rows) in storage order as runs of rows (part,
     first position, length): adjacent lists of one part make one run."""
-    if not len(part):
-        return np.zeros((0, 3), np.int64)
     cut = np.flatnonzero((part[1:] != part[:-1]) | (start[1:] != start[:-1] + size[:-1])) + 1
     first, last = np.concatenate(([0], cut)), np.concatenate((cut - 1, [len(start) - 1]))
     return np.stack((part[first], start[first], start[last] + size[last] - start[first]), 1)
