@@ -30,7 +30,10 @@ import numba
 import numpy as np
 import numpy.typing as npt
 from numba.core import types
-from numba.extending import intrinsic
+
+from superfile.format.compiled import compiled as _compiled
+from superfile.format.compiled import compiled_fast as _compiled_fast
+from superfile.format.compiled import pointer_to as _pointer_to
 
 __all__ = ["IvfParts", "IvfSections", "list_rows"]
 
@@ -58,38 +61,6 @@ class IvfSections(Protocol):
     def mean(self) -> _Floats | None: ...
     @property
     def proj(self) -> _Floats | None: ...
-
-
-def _pointer_to(dtype: Any) -> Any:
-    """An intrinsic turning an address into a typed pointer, for ``numba.carray``."""
-    pointer = types.CPointer(dtype)
-
-    @intrinsic
-    def at(_typing: Any, address: Any) -> Any:
-        def codegen(context: Any, builder: Any, _signature: Any, args: Any) -> Any:
-            return builder.inttoptr(args[0], context.get_value_type(pointer))
-
-        return pointer(types.intp), codegen
-
-    return at
-
-
-def _compiled(function: Any) -> Any:
-    """``function`` compiled without the interpreter lock, its machine code kept on disk (~1 s to compile, a few
-    ms to load): beside this file, else under ``NUMBA_CACHE_DIR`` or the user's cache directory. Where none
-    is writable (a read-only image without a home), each process compiles it on first use instead."""
-    try:
-        return numba.njit(nogil=True, cache=True)(function)
-    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return numba.njit(nogil=True)(function)
-
-
-def _compiled_fast(function: Any) -> Any:
-    """As :func:`_compiled`, with float sums reassociated (so vectorized): float32 dot products."""
-    try:
-        return numba.njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})(function)
-    except RuntimeError:
-        return numba.njit(nogil=True, fastmath={"reassoc", "nsz"})(function)
 
 
 # _smallest: a sample of every want-th key; its 8th smallest value has rank ~8x want, and is below want only if

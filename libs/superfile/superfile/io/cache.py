@@ -355,7 +355,7 @@ class DiskCache:
             return True
         try:
             os.utime(local)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # gone, or its directory replaced: not there either way
             return False
         with self._guard:
             self._touched[local] = now

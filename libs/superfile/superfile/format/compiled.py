@@ -1,0 +1,45 @@
+"""numba's compilation as the compiled kernels use it: without the interpreter lock, cached on disk, reading
+sections by address. Imported only by the kernels' modules, which the rest import lazily (numba takes ~0.2 s
+to import)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+from numba.core import types
+from numba.extending import intrinsic
+
+__all__ = ["compiled", "compiled_fast", "pointer_to"]
+
+
+def pointer_to(dtype: Any) -> Any:
+    """An intrinsic turning an address into a typed pointer, for ``numba.carray``."""
+    pointer = types.CPointer(dtype)
+
+    @intrinsic
+    def at(_typing: Any, address: Any) -> Any:
+        def codegen(context: Any, builder: Any, _signature: Any, args: Any) -> Any:
+            return builder.inttoptr(args[0], context.get_value_type(pointer))
+
+        return pointer(types.intp), codegen
+
+    return at
+
+
+def compiled(function: Any) -> Any:
+    """``function`` compiled without the interpreter lock, its machine code kept on disk (~1 s to compile, a few
+    ms to load): beside its module, else under ``NUMBA_CACHE_DIR`` or the user's cache directory. Where none
+    is writable (a read-only image without a home), each process compiles it on first use instead."""
+    try:
+        return numba.njit(nogil=True, cache=True)(function)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return numba.njit(nogil=True)(function)
+
+
+def compiled_fast(function: Any) -> Any:
+    """As :func:`compiled`, with float sums reassociated (so vectorized): float32 dot products."""
+    try:
+        return numba.njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})(function)
+    except RuntimeError:
+        return numba.njit(nogil=True, fastmath={"reassoc", "nsz"})(function)
