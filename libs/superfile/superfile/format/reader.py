@@ -239,8 +239,12 @@ class SuperfileReader:
             base = np.zeros(len(self._rg_starts) - 1, np.int64)
             base[needed] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
             self._ensure_chunks(needed.tolist(), whole)
-            table = self._parquet().read_row_groups(needed.tolist(), column_indices=whole, use_threads=use_threads)
-            table = table.take(pa.array(base[group] + local))
+            try:
+                table = self._parquet().read_row_groups(needed.tolist(), column_indices=whole, use_threads=use_threads)
+                table = table.take(pa.array(base[group] + local))
+            except (pa.ArrowInvalid, pa.ArrowIndexError, OSError) as e:  # in memory: the bytes are damaged
+                # (a page header that does not parse, or a page decoded into fewer rows than it holds)
+                raise CorruptSuperfileError(self.name, f"its row groups do not decode: {e}") from None
             if len(whole) == len(indices):
                 return table
         schema = self._pq_meta.schema.to_arrow_schema()
