@@ -289,6 +289,60 @@ def test_other_counts_run_in_datafusion(world: World, query: str) -> None:
     assert _rows(got) == _rows(world.duck().sql(query).to_arrow_table())
 
 
+FETCHES = [
+    "SELECT id, name FROM items WHERE cat = 'c1'",
+    "SELECT name, id FROM items WHERE cat <> 'c2' AND qty > 3",
+    'SELECT "price", ID FROM items WHERE NOT (price < 30)',
+    "SELECT cat FROM items WHERE price IS NULL OR qty > 40",
+    "SELECT qty, cat FROM items WHERE qty BETWEEN 5 AND 9 AND cat NOT IN ('c1', 'c3')",
+    "SELECT name FROM items WHERE id >= 100 AND name = 'rust compiler'",
+    "SELECT id FROM items WHERE cat = 'nope'",
+]
+
+
+@pytest.mark.parametrize("query", FETCHES)
+def test_plain_fetches_are_the_scan_s_rows(world: World, query: str) -> None:
+    """Plain columns under a WHERE pushed whole are answered by the scan without DataFusion, with DataFusion's
+    column names and types and the same rows as DataFusion over the table's rows (and DuckDB over the same rows)."""
+    s = SqlSession(world.conn, query)
+    got = s.run()
+    assert s.fetched == "items"
+    projection, where = query.split(" FROM items WHERE ")
+    want = world.conn.sql(f"{projection} FROM (SELECT * FROM items) AS t WHERE {where}")  # no shortcut
+    assert got.schema.remove_metadata() == want.schema.remove_metadata()
+    assert _rows(got) == _rows(want)
+    assert _rows(got) == _rows(world.duck().sql(query).to_arrow_table())
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT id FROM items",
+        "SELECT DISTINCT cat FROM items WHERE qty > 3",
+        "SELECT id FROM items WHERE cat = 'c1' ORDER BY id LIMIT 3",
+        "SELECT id AS k FROM items WHERE cat = 'c1'",
+        "SELECT id + 1 FROM items WHERE cat = 'c1'",
+        "SELECT i.id FROM items i WHERE i.cat = 'c1'",
+        "SELECT id FROM items WHERE name LIKE '%rust%'",
+        "SELECT id FROM ITEMS WHERE cat = 'c1'",
+    ],
+)
+def test_other_selects_run_in_datafusion(world: World, query: str) -> None:
+    s = SqlSession(world.conn, query)
+    got = s.run()
+    assert s.fetched is None
+    assert _rows(got) == _rows(world.duck().sql(query).to_arrow_table())
+
+
+def test_a_plain_fetch_keeps_the_row_limit_and_datafusion_s_errors(world: World) -> None:
+    with pytest.raises(SqlError, match="more than 3 rows"):
+        world.conn.sql("SELECT id FROM items WHERE qty > 3", max_rows=3)
+    with pytest.raises(SqlError, match="unique expression names"):  # DataFusion's words, as without the fetch
+        world.conn.sql("SELECT id, id FROM items WHERE cat = 'c1'")
+    with pytest.raises(SqlError, match="nope"):
+        world.conn.sql("SELECT nope FROM items WHERE cat = 'c1'")
+
+
 def test_a_finished_query_frees_its_session_and_rows(world: World) -> None:
     """The context holds the table functions from Rust; were they to hold the session strongly, every query's
     session and the rows it registered would stay alive for good (the garbage collector cannot see the cycle)."""

@@ -34,6 +34,7 @@ class QueryHints:
     )
     pushdown: dict[str, list[exp.Expression]] = field(default_factory=dict)  # table name -> its WHERE conjuncts
     count: tuple[str, str] | None = None  # (table, result column) of ``SELECT count(*) FROM table [WHERE pushed]``
+    fetch: tuple[str, list[str]] | None = None  # (table, columns) of ``SELECT column, ... FROM table WHERE pushed``
 
     def mentions_table(self, name: str) -> bool:
         """Whether the query may scan table ``name`` (table functions load their tables on their own)."""
@@ -164,6 +165,38 @@ def _find_count(tree: exp.Expression, hints: QueryHints) -> None:
     hints.count = (table.name, column)
 
 
+_A_FETCH = {"expressions", "from", "from_", "where"}  # all a plain fetch has
+
+
+def _find_fetch(tree: exp.Expression, hints: QueryHints) -> None:
+    """``SELECT a, b FROM t WHERE ...`` (distinct plain columns, nothing else) with every conjunct of its WHERE
+    pushed into ``t``'s scan: the answer is the rows the scan keeps, so DataFusion is not needed. The columns
+    are named as DataFusion resolves them: unquoted names folded to lower case."""
+    if not isinstance(tree, exp.Select) or any(v for k, v in tree.args.items() if k not in _A_FETCH):
+        return
+    from_ = tree.args.get("from_") or tree.args.get("from")
+    table = from_.this if from_ is not None else None
+    if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
+        return
+    if any(table.args.get(k) for k in ("db", "catalog", "alias")):
+        return
+    where = tree.args.get("where")
+    if where is None or len(hints.pushdown.get(table.name, ())) != len(_conjuncts(where.this)):
+        return
+    columns = []
+    for projection in tree.expressions:
+        if (
+            not isinstance(projection, exp.Column)
+            or projection.table
+            or not isinstance(projection.this, exp.Identifier)
+        ):
+            return
+        ident = projection.this
+        columns.append(ident.name if ident.quoted else ident.name.lower())
+    if columns and len(set(columns)) == len(columns):
+        hints.fetch = (table.name, columns)
+
+
 def analyze(query: str) -> QueryHints:
     """Hints for ``query``; an unparsable query gets the fully conservative hints."""
     hints = QueryHints(words={w for w in re.findall(r"[A-Za-z0-9_\-]+", query)})
@@ -182,7 +215,9 @@ def analyze(query: str) -> QueryHints:
     try:
         _find_pushdown(tree, hints)
         _find_count(tree, hints)
+        _find_fetch(tree, hints)
     except Exception:
         hints.pushdown.clear()
         hints.count = None
+        hints.fetch = None
     return hints
