@@ -36,7 +36,6 @@ OK, UNSUPPORTED, CORRUPT = 0, 1, 2
 BYTES, FIXED, DELTA = 0, 1, 2  # how values are stored: PLAIN byte arrays, PLAIN fixed width, DELTA_BINARY_PACKED
 
 _PLAIN, _RLE, _DELTA_BINARY_PACKED = 0, 3, 5  # Parquet Encoding
-_UNCOMPRESSED, _LZ4_RAW = 0, 7  # Parquet CompressionCodec
 _DATA_PAGE, _DATA_PAGE_V2 = 0, 3  # Parquet PageType
 _MAX_DEPTH = 8  # nested Thrift structs skipped in a page header (statistics are one level)
 _MARGIN = 512  # bytes decompressed past where a page's last wanted value is expected
@@ -47,11 +46,10 @@ def _lz4_decompress() -> int:
     """The address of liblz4's ``LZ4_decompress_safe_partial`` (LZ4's reference library: every Debian has it, as apt
     needs it), or 0 when it cannot be loaded: then LZ4 pages are decoded by pyarrow. numba's own loop was 7x
     slower (an LZ4 block of text is ~500 sequences a page of a few bytes each)."""
-    for name in ("liblz4.so.1", ctypes.util.find_library("lz4")):
-        if name is None:
-            continue
-        try:
-            return ctypes.cast(ctypes.CDLL(name).LZ4_decompress_safe_partial, ctypes.c_void_p).value or 0
+    for name in ("liblz4.so.1", None):
+        try:  # the soname first; else a search (``ldconfig``, a few ms; another name on macOS)
+            library = ctypes.CDLL(name or ctypes.util.find_library("lz4") or "liblz4.so")
+            return ctypes.cast(library.LZ4_decompress_safe_partial, ctypes.c_void_p).value or 0
         except (OSError, AttributeError):
             continue
     return 0

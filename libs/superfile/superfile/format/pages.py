@@ -17,12 +17,13 @@ decodes them all in one native call: no Python per page or per value, and
 every encoding and codec pyarrow reads. The Thrift compact protocol of the
 footer and the offset index is read and written by the few lines below.
 
-A column is read this way when it is a flat top-level leaf without a
+A column is read by pages when it is a flat top-level leaf without a
 dictionary, pyarrow reads its lone schema element back as the column's type (or
-a type that casts to it exactly: large strings, a time zone, a duration), every chunk has
-an offset index, and the pages holding the rows are under 4/5 of their row
-groups' pages; otherwise :meth:`PageReads.read` answers None and the caller
-decodes the row groups. See docs/format.md, "Point reads by page".
+a type that casts to it exactly: large strings, a time zone, a duration), and every chunk has
+an offset index. Rows under 1/8 of their row groups' are decoded by the compiled page decoder
+(``format/page_decode.py``) where it takes the pages, else by pyarrow as above when the pages holding
+them are under 4/5 of their row groups' pages; otherwise :meth:`PageReads.read` answers None and the
+caller decodes the row groups. See docs/format.md, "Point reads by page".
 """
 
 from __future__ import annotations

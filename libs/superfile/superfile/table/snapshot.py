@@ -621,7 +621,7 @@ class Snapshot:
         plans = self.each(lambda e: self.matching_rows(e, columns, where), entries)  # the indexes' look-ups
         if all(rows is not None for rows, _ in plans) and sum(len(rows) for rows, _ in plans) <= _INLINE_ROWS:
             # a few rows picked by the indexes: read on this thread, where the pool's hand-offs cost more than
-            # the reads (docs/storage.md, "Point reads")
+            # the reads (docs/design.md, "Row-level indexes for WHERE")
             tables = [
                 self.read_matching(e, columns, where, use_threads=False, planned=p)
                 for e, p in zip(entries, plans, strict=True)
