@@ -214,6 +214,7 @@ class ColumnPages:
     groups: np.ndarray  # each page's row group
     group_pages: np.ndarray  # each row group's count of pages: what decoding it whole decodes
     group_rows: np.ndarray  # each row group's count of rows
+    least_group_rows: int  # the fewest rows a row group has
     chunk: bytes  # the leading fields of a chunk of them: type, encodings, path, codec (ColumnMetaData 1-4)
     codec: int  # the chunks' CompressionCodec
     delta: bool  # DELTA_BINARY_PACKED is among the chunks' encodings
@@ -329,6 +330,7 @@ class PageReads:
             groups=np.array(groups, np.int64),
             group_pages=np.bincount(groups, minlength=len(footer[4])),
             group_rows=np.array([int(group[3]) for group in footer[4]], np.int64),
+            least_group_rows=min(int(group[3]) for group in footer[4]),
             chunk=_encode_fields(
                 [
                     (1, _I32, physical),
@@ -352,8 +354,13 @@ class PageReads:
         pages = self.pages(index) if column is not None else None
         if column is None or pages is None:
             return None
+        ordered = len(rows) < 2 or bool((rows[1:] >= rows[:-1]).all())  # in order, as an index gives them
+        few = len(rows) * _COMPILED_SHARE <= pages.least_group_rows  # surely under 1/8 of their groups' rows
+        if few:
+            compiled = self._compiled(rows, ordered, column, pages)
+            if compiled is not None:
+                return compiled
         which = pages.page_of(rows)
-        ordered = bool((rows[1:] >= rows[:-1]).all())  # in order, as an index gives them: no sort
         if ordered:
             first = _firsts(which)
             chosen, slot = which[first], np.cumsum(first) - 1
@@ -361,7 +368,7 @@ class PageReads:
             chosen, slot = np.unique(which, return_inverse=True)
         groups = pages.groups[chosen]  # in order, as ``chosen`` is
         in_groups = groups[_firsts(groups)]
-        if len(rows) * _COMPILED_SHARE <= int(pages.group_rows[in_groups].sum()):
+        if not few and len(rows) * _COMPILED_SHARE <= int(pages.group_rows[in_groups].sum()):
             compiled = self._compiled(rows, ordered, column, pages)
             if compiled is not None:
                 return compiled
@@ -394,11 +401,11 @@ class PageReads:
             if not lz4:
                 return None
         at: np.ndarray | None = None
-        if ordered:
+        if len(rows) < 2 or bool((rows[1:] > rows[:-1]).all()):  # in order, no repeats (an index's rows)
+            wanted = rows
+        elif ordered:
             first = _firsts(rows)
-            wanted = rows[first]
-            if len(wanted) < len(rows):
-                at = np.cumsum(first) - 1
+            wanted, at = rows[first], np.cumsum(first) - 1
         else:
             wanted, at = np.unique(rows, return_inverse=True)
         which = pages.page_of(wanted)
