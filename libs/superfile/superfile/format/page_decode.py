@@ -66,7 +66,7 @@ def _varint(buf: npt.NDArray[np.uint8], pos: int, end: int) -> tuple[int, int]:
     while pos < end and shift < 64:
         byte = buf[pos]
         pos += 1
-        result |= (np.int64(byte) & 0x7F) << shift
+        result |= (int(byte) & 0x7F) << shift
         if byte < 0x80:
             return result, pos
         shift += 7
@@ -76,7 +76,7 @@ def _varint(buf: npt.NDArray[np.uint8], pos: int, end: int) -> tuple[int, int]:
 @compiled
 def _unzigzag(zz: int) -> int:
     """A zigzag-coded integer's value (the shift is logical: a 64-bit value's code uses every bit)."""
-    return np.int64(np.uint64(zz) >> np.uint64(1)) ^ -(zz & 1)
+    return int(np.int64(np.uint64(zz) >> np.uint64(1))) ^ -(zz & 1)
 
 
 @compiled
@@ -167,8 +167,7 @@ def _header(
         return  # an unknown type code
 
 
-@intrinsic
-def _load64(_typing: Any, address: Any) -> Any:
+def _load64_typing(_typing: Any, address: Any) -> Any:
     """The 8 bytes at ``address`` as a little-endian integer, whatever their alignment: one load (assembling
     them byte by byte made unpacking 2x slower)."""
 
@@ -179,6 +178,9 @@ def _load64(_typing: Any, address: Any) -> Any:
     return types.uint64(types.intp), codegen
 
 
+_load64: Any = intrinsic(_load64_typing)  # (numba passes the typing context)
+
+
 @compiled
 def _unpack(buf: npt.NDArray[np.uint8], at: int, end: int, bit: int, width: int) -> int:
     """``width`` bits (LSB first) starting ``bit`` bits after byte ``at``: one 8-byte word when it fits in the
@@ -187,7 +189,7 @@ def _unpack(buf: npt.NDArray[np.uint8], at: int, end: int, bit: int, width: int)
     shift = bit & 7
     if width <= 56 and start + 8 <= end:
         word = _load64(buf.ctypes.data + start)
-        return np.int64((word >> np.uint64(shift)) & np.uint64((1 << width) - 1))
+        return int(np.int64((word >> np.uint64(shift)) & np.uint64((1 << width) - 1)))
     value = np.uint64(0)
     got = 0
     while got < width:
@@ -197,7 +199,7 @@ def _unpack(buf: npt.NDArray[np.uint8], at: int, end: int, bit: int, width: int)
         value |= ((byte >> np.uint64(shift)) & np.uint64((1 << take) - 1)) << np.uint64(got)
         got += take
         bit += take
-    return np.int64(value)
+    return int(np.int64(value))
 
 
 @compiled
@@ -314,12 +316,10 @@ def _delta_values(
 @compiled
 def _u32(page: npt.NDArray[np.uint8], at: int) -> int:
     """The little-endian unsigned 32-bit integer at ``page[at:at + 4]``."""
-    value = np.int64(page[at]) | (np.int64(page[at + 1]) << 8) | (np.int64(page[at + 2]) << 16)
-    return value | (np.int64(page[at + 3]) << 24)
+    return int(page[at]) | (int(page[at + 1]) << 8) | (int(page[at + 2]) << 16) | (int(page[at + 3]) << 24)
 
 
-@intrinsic
-def _copy(_typing: Any, target: Any, source: Any, count: Any) -> Any:
+def _copy_typing(_typing: Any, target: Any, source: Any, count: Any) -> Any:
     """``memcpy(target, source, count)`` by addresses: numba's loop or slice copy of a value of a few dozen
     bytes took 2-4x as long (measured on 62,500 titles)."""
 
@@ -332,8 +332,10 @@ def _copy(_typing: Any, target: Any, source: Any, count: Any) -> Any:
     return types.void(types.intp, types.intp, types.intp), codegen
 
 
-@intrinsic
-def _call_lz4(_typing: Any, function: Any, src: Any, dst: Any, size: Any, target: Any, capacity: Any) -> Any:
+_copy: Any = intrinsic(_copy_typing)  # (numba passes the typing context)
+
+
+def _call_lz4_typing(_typing: Any, function: Any, src: Any, dst: Any, size: Any, target: Any, capacity: Any) -> Any:
     """``LZ4_decompress_safe_partial(src, dst, size, target, capacity)`` through its address ``function``: a
     call the kernel makes without Python, and that numba can cache (an address known only at run time)."""
 
@@ -347,6 +349,9 @@ def _call_lz4(_typing: Any, function: Any, src: Any, dst: Any, size: Any, target
         return builder.sext(builder.call(call, [*pointers, *sizes]), ir.IntType(64))
 
     return types.int64(types.intp, types.intp, types.intp, types.int64, types.int64, types.int64), codegen
+
+
+_call_lz4: Any = intrinsic(_call_lz4_typing)  # (numba passes the typing context)
 
 
 @compiled

@@ -31,7 +31,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -427,17 +427,22 @@ class PageReads:
             raise ValueError("a data page does not decode")
         n = len(wanted)
         nulls = n - int(np.count_nonzero(valid))
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+        validity = _buffer(np.packbits(valid, bitorder="little")) if nulls else None
         if kind == page_decode.BYTES:
             large = stored in (pa.large_string(), pa.large_binary())
-            offsets = pa.py_buffer(starts if large else starts.astype(np.int32))  # a few rows: under 2 GiB
-            values = pa.Array.from_buffers(stored, n, [validity, offsets, pa.py_buffer(data)], null_count=nulls)
+            offsets = _buffer(starts if large else starts.astype(np.int32))  # a few rows: under 2 GiB
+            values = pa.Array.from_buffers(stored, n, [validity, offsets, _buffer(data)], null_count=nulls)
         else:
-            values = pa.Array.from_buffers(stored, n, [validity, pa.py_buffer(data)], null_count=nulls)
+            values = pa.Array.from_buffers(stored, n, [validity, _buffer(data)], null_count=nulls)
             if column.arrow != stored:  # a narrower integer casts; a type of the same width is a view
                 narrower = pa.types.is_integer(column.arrow) and column.arrow.bit_width < stored.bit_width
                 values = values.cast(column.arrow) if narrower else values.view(column.arrow)
         return values if at is None else values.take(pa.array(at))
+
+
+def _buffer(array: np.ndarray) -> pa.Buffer:
+    """A zero-copy Arrow buffer over ``array`` (the stubs do not know ndarrays have the buffer protocol)."""
+    return pa.py_buffer(cast(Any, array))
 
 
 def _stored(physical: str, arrow: pa.DataType) -> pa.DataType | None:
@@ -447,7 +452,13 @@ def _stored(physical: str, arrow: pa.DataType) -> pa.DataType | None:
     pyarrow decodes."""
     if physical == "BYTE_ARRAY":
         return arrow if arrow in _BYTES else None
-    stored = {"INT32": pa.int32(), "INT64": pa.int64(), "FLOAT": pa.float32(), "DOUBLE": pa.float64()}.get(physical)
+    numbers: dict[str, pa.DataType] = {
+        "INT32": pa.int32(),
+        "INT64": pa.int64(),
+        "FLOAT": pa.float32(),
+        "DOUBLE": pa.float64(),
+    }
+    stored = numbers.get(physical)
     if stored is None or arrow == stored:
         return stored
     if pa.types.is_integer(arrow) and arrow.bit_width <= stored.bit_width and pa.types.is_integer(stored):

@@ -619,7 +619,8 @@ class Snapshot:
         """:meth:`scan_parts` here, each table with the path of its superfile (a leaf's answer to a root)."""
         entries = sorted(self.entries(where), key=lambda e: (e.id_min, e.path))
         plans = self.each(lambda e: self.matching_rows(e, columns, where), entries)  # the indexes' look-ups
-        if all(rows is not None for rows, _ in plans) and sum(len(rows) for rows, _ in plans) <= _INLINE_ROWS:
+        picked = [rows for rows, _ in plans if rows is not None]
+        if len(picked) == len(plans) and sum(len(rows) for rows in picked) <= _INLINE_ROWS:
             # a few rows picked by the indexes: read on this thread, where the pool's hand-offs cost more than
             # the reads (docs/design.md, "Row-level indexes for WHERE")
             tables = [
