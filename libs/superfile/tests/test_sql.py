@@ -280,12 +280,20 @@ def test_plain_counts_are_counted_by_the_snapshot(world: World, query: str) -> N
         "SELECT count(*), count(cat) FROM items",
         "SELECT count(*) FROM items i JOIN shops s ON i.cat = s.cat",
         "SELECT count(*) FROM ITEMS WHERE cat = 'c1'",
+        "SELECT id FROM items",
+        "SELECT DISTINCT cat FROM items WHERE qty > 3",
+        "SELECT id FROM items WHERE cat = 'c1' ORDER BY id LIMIT 3",
+        "SELECT id AS k FROM items WHERE cat = 'c1'",
+        "SELECT id + 1 FROM items WHERE cat = 'c1'",
+        "SELECT i.id FROM items i WHERE i.cat = 'c1'",
+        "SELECT id FROM items WHERE name LIKE '%rust%'",
+        "SELECT id FROM ITEMS WHERE cat = 'c1'",
     ],
 )
-def test_other_counts_run_in_datafusion(world: World, query: str) -> None:
+def test_other_counts_and_selects_run_in_datafusion(world: World, query: str) -> None:
     s = SqlSession(world.conn, query)
     got = s.run()
-    assert s.counted is None
+    assert s.counted is None and s.fetched is None
     assert _rows(got) == _rows(world.duck().sql(query).to_arrow_table())
 
 
@@ -311,26 +319,6 @@ def test_plain_fetches_are_the_scan_s_rows(world: World, query: str) -> None:
     want = world.conn.sql(f"{projection} FROM (SELECT * FROM items) AS t WHERE {where}")  # no shortcut
     assert got.schema.remove_metadata() == want.schema.remove_metadata()
     assert _rows(got) == _rows(want)
-    assert _rows(got) == _rows(world.duck().sql(query).to_arrow_table())
-
-
-@pytest.mark.parametrize(
-    "query",
-    [
-        "SELECT id FROM items",
-        "SELECT DISTINCT cat FROM items WHERE qty > 3",
-        "SELECT id FROM items WHERE cat = 'c1' ORDER BY id LIMIT 3",
-        "SELECT id AS k FROM items WHERE cat = 'c1'",
-        "SELECT id + 1 FROM items WHERE cat = 'c1'",
-        "SELECT i.id FROM items i WHERE i.cat = 'c1'",
-        "SELECT id FROM items WHERE name LIKE '%rust%'",
-        "SELECT id FROM ITEMS WHERE cat = 'c1'",
-    ],
-)
-def test_other_selects_run_in_datafusion(world: World, query: str) -> None:
-    s = SqlSession(world.conn, query)
-    got = s.run()
-    assert s.fetched is None
     assert _rows(got) == _rows(world.duck().sql(query).to_arrow_table())
 
 

@@ -246,6 +246,18 @@ def _present(
 
 
 @compiled
+def _given(slots: npt.NDArray[np.int64], i: int, index: int, value: int, out: npt.NDArray[np.int64]) -> int:
+    """``value``, the ``index``-th, given to the wanted slots from ``i`` on that are it: the next slot to fill
+    (past the nulls, -1)."""
+    while i < len(slots) and slots[i] == index:
+        out[i] = value
+        i += 1
+        while i < len(slots) and slots[i] < 0:
+            i += 1
+    return i
+
+
+@compiled
 def _delta_values(
     page: npt.NDArray[np.uint8], pos: int, end: int, slots: npt.NDArray[np.int64], out: npt.NDArray[np.int64]
 ) -> int:
@@ -270,11 +282,7 @@ def _delta_values(
     while i < len(slots) and slots[i] < 0:
         i += 1
     while i < len(slots):
-        while i < len(slots) and slots[i] == index:
-            out[i] = value
-            i += 1
-            while i < len(slots) and slots[i] < 0:
-                i += 1
+        i = _given(slots, i, index, value, out)
         if i >= len(slots):
             break
         if index + 1 >= total:
@@ -300,11 +308,7 @@ def _delta_values(
                     value += least + _unpack(page, pos, end, j * width, width)  # wraps around, as encoded
                     index += 1
                     j += 1
-                while i < len(slots) and slots[i] == index:
-                    out[i] = value
-                    i += 1
-                    while i < len(slots) and slots[i] < 0:
-                        i += 1
+                i = _given(slots, i, index, value, out)
                 if i >= len(slots):
                     return 0
             pos += per_mini * width // 8
