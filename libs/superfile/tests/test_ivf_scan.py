@@ -253,3 +253,42 @@ print(type(ivf_scan._nearest_runs._cache).__name__, keys.tobytes().hex())
     lists = lists_of(x, "l2", reduce=False)
     assert cache == "NullCache"
     assert keys == expected_keys(lists, x[3], np.arange(500), "l2").tobytes().hex()
+
+
+def test_a_gather_copies_each_parts_rows_as_numpy_indexing_does(mixed: tuple[str, list[IvfLists]]) -> None:
+    metric, parts = mixed
+    scan = IvfParts(parts, metric)
+    rng = np.random.default_rng(4)
+    part = np.sort(rng.integers(0, len(parts), 500))
+    pos = np.array([rng.integers(0, len(parts[p].row_ids)) for p in part.tolist()], np.int64)
+    v, norms, rows = scan.gather(part, pos)
+    assert np.array_equal(v, np.stack([parts[p].vectors[i] for p, i in zip(part, pos, strict=True)]))
+    assert np.array_equal(norms, np.array([parts[p].norms[i] for p, i in zip(part, pos, strict=True)]))
+    assert np.array_equal(rows, np.array([parts[p].row_ids[i] for p, i in zip(part, pos, strict=True)]))
+    assert scan.gather(part[:0], pos[:0])[0].shape == (0, parts[0].vectors.shape[1])
+    for bad_part, bad_pos in ((0, len(parts[0].row_ids)), (0, -1), (len(parts), 0)):
+        with pytest.raises(IndexError):
+            scan.gather(np.array([bad_part]), np.array([bad_pos]))
+
+
+def test_allowed_positions_are_each_parts_row_positions_ascending(mixed: tuple[str, list[IvfLists]]) -> None:
+    """Per part, the allowed row offsets (past its rows dropped) mapped to positions, sorted, numbered after the
+    earlier parts; a part allowing every row or none is counted, not listed."""
+    metric, parts = mixed
+    scan = IvfParts(parts, metric)
+    rng = np.random.default_rng(5)
+    n = [len(x.row_ids) for x in parts]
+    allowed = [
+        np.sort(rng.choice(n[0] + 50, 300, replace=False)).astype(np.uint32),  # some past the end
+        np.arange(n[1], dtype=np.uint32),  # every row
+        np.zeros(0, np.uint32),  # none
+    ]
+    order = [2, 0, 1]
+    ids = np.concatenate([allowed[p] for p in order])
+    ends = np.cumsum([len(allowed[p]) for p in order])
+    counts, rows = scan.positions(np.array(order), ids, ends)
+    kept = allowed[0][allowed[0] < n[0]]
+    assert counts.tolist() == [0, len(kept), n[1]]
+    assert np.array_equal(rows, np.sort(parts[0].row_pos[kept]).astype(np.int64) + scan.base[0])
+    with pytest.raises(IndexError):
+        scan.positions(np.array([len(parts)]), ids[:1], np.array([1]))

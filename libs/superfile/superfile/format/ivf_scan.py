@@ -44,8 +44,9 @@ _Floats = npt.NDArray[np.float32]
 
 class IvfSections(Protocol):
     """What the kernels read of one IVF index (``vector_sections.IvfLists``): list centroids (nlist, dim) with their
-    scoring bias, the int8 codes (rows, code dims) with per-component scales, the rows' norms, and for codes of
-    principal components the mean and the axes (dim, code dims). All C-contiguous."""
+    scoring bias, the int8 codes (rows, code dims) with per-component scales, the rows' vectors (rows, dim),
+    norms and row offsets, each row offset's position, and for codes of principal components the mean and the
+    axes (dim, code dims). All C-contiguous."""
 
     @property
     def centroids(self) -> _Floats: ...
@@ -56,7 +57,13 @@ class IvfSections(Protocol):
     @property
     def scale(self) -> _Floats: ...
     @property
+    def vectors(self) -> _Floats: ...
+    @property
     def norms(self) -> _Floats: ...
+    @property
+    def row_ids(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def row_pos(self) -> npt.NDArray[np.uint32]: ...
     @property
     def mean(self) -> _Floats | None: ...
     @property
@@ -68,6 +75,7 @@ class IvfSections(Protocol):
 _SAMPLE_RANK = 7
 _int8_at = _pointer_to(types.int8)
 _float32_at = _pointer_to(types.float32)
+_uint32_at = _pointer_to(types.uint32)
 
 
 @_compiled_fast
@@ -262,15 +270,84 @@ def list_rows(rows: _Ints, first_row: _Ints, end_row: _Ints, lists: _Ints, whole
     return out[: _list_rows(rows, first_row, end_row, lists, whole, out)]
 
 
+@_compiled
+def _gather(
+    vectors_at: _Ints,
+    part_at: _Ints,
+    row_ids_at: _Ints,
+    dim: int,
+    part: _Ints,
+    pos: _Ints,
+    v: _Floats,
+    norms: _Floats,
+    rows: _Ints,
+) -> bool:
+    """Row ``pos[i]`` of part ``part[i]``'s vectors, norm and row offset into ``v[i]``, ``norms[i]``, ``rows[i]``
+    (``part_at``: a part's code and norm addresses, rows, code dims); False at a position out of its part."""
+    for i in range(len(pos)):
+        p, at = part[i], pos[i]
+        if p < 0 or p >= len(part_at) or at < 0 or at >= part_at[p, 2]:
+            return False
+        vector = numba.carray(_float32_at(vectors_at[p] + at * dim * 4), (dim,))
+        for j in range(dim):
+            v[i, j] = vector[j]
+        norms[i] = numba.carray(_float32_at(part_at[p, 1]), (part_at[p, 2],))[at]
+        rows[i] = numba.carray(_uint32_at(row_ids_at[p]), (part_at[p, 2],))[at]
+    return True
+
+
+@_compiled
+def _positions(
+    part_at: _Ints,
+    row_pos_at: _Ints,
+    base: _Ints,
+    parts: _Ints,
+    ids: npt.NDArray[np.uint32],
+    ends: _Ints,
+    counts: _Ints,
+    rows: _Ints,
+) -> int:
+    """:meth:`IvfParts.positions` into ``counts`` and ``rows``: the rows filled, or -1 for a bad part or end."""
+    start = 0
+    filled = 0
+    for i in range(len(parts)):
+        p, end = parts[i], ends[i]
+        if p < 0 or p >= len(part_at) or end < start or end > len(ids):
+            return -1
+        n = part_at[p, 2]
+        count = np.searchsorted(ids[start:end], n)  # offsets past the part's rows are not its rows
+        counts[i] = count
+        if 0 < count < n:
+            row_pos = numba.carray(_uint32_at(row_pos_at[p]), (n,))
+            mine = rows[filled : filled + count]
+            for j in range(count):
+                mine[j] = row_pos[ids[start + j]]
+            mine.sort()
+            for j in range(count):
+                mine[j] += base[p]
+            filled += count
+        start = end
+    return filled
+
+
 class IvfParts:
     """The compiled steps over some IVF indexes of one dimension and metric (the parts), each part addressed by
     its number: routing, query coding, first-pass keys by (part, position)."""
 
     def __init__(self, parts: Sequence[IvfSections], metric: str) -> None:
         for x in parts:
-            arrays: list[npt.NDArray[Any] | None] = [x.centroids, x.bias, x.codes, x.scale, x.norms]
+            arrays: list[npt.NDArray[Any] | None] = [
+                x.centroids,
+                x.bias,
+                x.codes,
+                x.scale,
+                x.norms,
+                x.vectors,
+                x.row_ids,
+            ]
             arrays += [] if x.proj is None else [x.proj, x.mean]
-            if not all(a is not None and a.flags.c_contiguous for a in arrays) or len(x.norms) != len(x.codes):
+            rows_each = {len(x.norms), len(x.vectors), len(x.row_ids), len(x.row_pos)}
+            if not all(a is not None and a.flags.c_contiguous for a in arrays) or rows_each != {len(x.codes)}:
                 raise ValueError("the kernels read the sections in place: contiguous, a norm a row")
         self._parts = list(parts)  # keeps the memory behind the addresses alive
         self._dim = int(parts[0].centroids.shape[1]) if parts else 0
@@ -288,6 +365,9 @@ class IvfParts:
         self._part = np.stack(
             (_addresses(x.codes for x in parts), _addresses(x.norms for x in parts), rows, self._dims), 1
         )
+        self._vectors_at = _addresses(x.vectors for x in parts)
+        self._row_ids_at = _addresses(x.row_ids for x in parts)
+        self._row_pos_at = _addresses(x.row_pos for x in parts)
         self._l2 = metric == "l2"
         # the parts by how a query is coded for them (full or principal-component codes, of so many dimensions),
         # with their code scales stacked: one quantization of the query for all the parts of a kind
@@ -303,6 +383,33 @@ class IvfParts:
     def lists(self) -> int:
         """The lists of all the parts: the length of :meth:`route`'s scores."""
         return int(self._first[-1])
+
+    def gather(self, part: _Ints, pos: _Ints) -> tuple[_Floats, _Floats, _Ints]:
+        """The vectors, norms and row offsets at positions ``pos`` of parts ``part``, copied out in one call: a
+        rerank pool over 16 parts gathered part by part made ~100 numpy calls, each releasing the interpreter
+        lock (a hand-off to another searching thread)."""
+        v = np.empty((len(pos), self._dim), np.float32)
+        norms = np.empty(len(pos), np.float32)
+        rows = np.empty(len(pos), np.int64)
+        part, pos = np.ascontiguousarray(part, np.int64), np.ascontiguousarray(pos, np.int64)
+        if not _gather(self._vectors_at, self._part, self._row_ids_at, self._dim, part, pos, v, norms, rows):
+            raise IndexError("a position out of its part's rows")
+        return v, norms, rows
+
+    def positions(self, parts: _Ints, ids: npt.NDArray[np.uint32], ends: _Ints) -> tuple[_Ints, _Ints]:
+        """For each of ``parts``, its allowed row offsets ``ids[ends[i - 1]:ends[i]]`` (ascending; those past its
+        rows dropped): how many it allows, and, of the parts allowing some rows but not all, the rows'
+        positions in the parts' numbering together (each part's ascending, from ``base[part]``), in one call
+        rather than a handful of numpy calls a part (each releasing the interpreter lock)."""
+        counts = np.empty(len(parts), np.int64)
+        rows = np.empty(len(ids), np.int64)
+        parts, ends = np.ascontiguousarray(parts, np.int64), np.ascontiguousarray(ends, np.int64)
+        filled = _positions(
+            self._part, self._row_pos_at, self.base, parts, np.ascontiguousarray(ids), ends, counts, rows
+        )
+        if filled < 0:
+            raise IndexError("a part out of the union, or ends out of the offsets")
+        return counts, rows[:filled]
 
     def route(self, q: _Floats, parts: _Ints) -> _Floats:
         """``bias - 2 c.q`` of every list of ``parts`` (smaller is nearer), in one array numbering the lists of

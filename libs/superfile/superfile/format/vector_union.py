@@ -192,24 +192,25 @@ class VectorUnion:
         filtered ones as positions in the union's numbering (ascending); a part allowing every row is not
         filtered."""
         found: dict[int, int] = {}
-        rows: list[_Ints] = []
+        filtered: list[int] = []
+        ids: list[npt.NDArray[np.uint32]] = []
         for p, bitmap in sorted(allow, key=lambda pair: pair[0]):
             if not 0 <= p < len(self._lists) or p in found:
                 raise ValueError(f"part {p} is not a part of the union or is named twice")
-            n = int(self._rows[p])
-            if bitmap is None:
-                found[p] = n
-                continue
-            if not isinstance(bitmap, AbstractBitMap):
-                raise InvalidOptionError(f"allow must be a pyroaring (Frozen)BitMap, got {type(bitmap).__name__}")
-            ids = np.frombuffer(bitmap.to_array(), dtype=np.uint32)
-            ids = ids[: np.searchsorted(ids, n)]
-            found[p] = len(ids)
-            if 0 < len(ids) < n:
-                rows.append(np.sort(self._lists[p].row_pos[ids]).astype(np.int64) + self._base[p])
+            found[p] = int(self._rows[p])
+            if bitmap is not None:
+                if not isinstance(bitmap, AbstractBitMap):
+                    raise InvalidOptionError(f"allow must be a pyroaring (Frozen)BitMap, got {type(bitmap).__name__}")
+                filtered.append(p)
+                ids.append(np.frombuffer(bitmap.to_array(), dtype=np.uint32))
+        rows = np.zeros(0, np.int64)
+        if filtered:
+            ends = np.array(list(itertools.accumulate(len(i) for i in ids)), np.int64)
+            counts, rows = self._kernels.positions(np.array(filtered, np.int64), np.concatenate(ids), ends)
+            found.update(zip(filtered, counts.tolist(), strict=True))
         parts = np.array([p for p, m in found.items() if m > 0], np.int64)
         allowed = np.array([m for m in found.values() if m > 0], np.int64)
-        return parts, allowed, np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        return parts, allowed, rows
 
     def _probes(self, q: _Floats, parts: _Ints, k: int, nprobe: int | None) -> _Ints:
         """The lists to scan, as ascending global list numbers (so each part's lists are adjacent)."""
@@ -269,15 +270,7 @@ class VectorUnion:
     def _rerank(self, q: _Floats, part: _Ints, pos: _Ints, k: int, *, each: bool) -> _Hits:
         """Exact distances of the candidates (gathered part by part), then the k nearest by (distance, part, row),
         or (``each``) each part's k nearest by (distance, row)."""
-        v = np.empty((len(pos), len(q)), np.float32)
-        norms = np.empty(len(pos), np.float32)
-        rows = np.empty(len(pos), np.int64)
-        cut = np.flatnonzero(part[1:] != part[:-1]) + 1
-        for a, b in zip(np.concatenate(([0], cut)).tolist(), np.concatenate((cut, [len(pos)])).tolist(), strict=True):
-            x, at = self._lists[int(part[a])], pos[a:b]
-            v[a:b] = x.vectors[at]  # fancy indexing: see vector_index.VectorIndex._rerank on unaligned views
-            norms[a:b] = x.norms[at]
-            rows[a:b] = x.row_ids[at]
+        v, norms, rows = self._kernels.gather(part, pos)
         dist = exact_distances(v, q, norms, self.metric)
         if not len(dist):
             return []
