@@ -157,7 +157,9 @@ class LocalStorage:
 
     def read(self, path: str) -> bytes:
         target = self._path(path)
-        with self._errors(path), open(target, "rb") as f:
+        # unbuffered: one readall, without the buffered reader's isatty and tell, each of which releases the
+        # interpreter lock (the pointer is read once a query)
+        with self._errors(path), open(target, "rb", buffering=0) as f:
             return f.read()
 
     def read_with_etag(self, path: str) -> tuple[bytes, str]:
