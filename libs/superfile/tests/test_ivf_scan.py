@@ -279,16 +279,22 @@ def test_allowed_positions_are_each_parts_row_positions_ascending(mixed: tuple[s
     rng = np.random.default_rng(5)
     n = [len(x.row_ids) for x in parts]
     allowed = [
-        np.sort(rng.choice(n[0] + 50, 300, replace=False)).astype(np.uint32),  # some past the end
+        np.sort(rng.choice(n[0] + 50, 300, replace=False)).astype(np.uint32),  # many (marked); some past the end
         np.arange(n[1], dtype=np.uint32),  # every row
-        np.zeros(0, np.uint32),  # none
+        np.sort(rng.choice(n[2], 20, replace=False)).astype(np.uint32),  # few (sorted)
     ]
-    order = [2, 0, 1]
-    ids = np.concatenate([allowed[p] for p in order])
-    ends = np.cumsum([len(allowed[p]) for p in order])
-    counts, rows = scan.positions(np.array(order), ids, ends)
-    kept = allowed[0][allowed[0] < n[0]]
-    assert counts.tolist() == [0, len(kept), n[1]]
-    assert np.array_equal(rows, np.sort(parts[0].row_pos[kept]).astype(np.int64) + scan.base[0])
+    for order in ([2, 0, 1], [0, 2]):
+        ids = np.concatenate([allowed[p] for p in order])
+        ends = np.cumsum([len(allowed[p]) for p in order])
+        counts, rows = scan.positions(np.array(order), ids, ends)
+        kept = [allowed[p][allowed[p] < n[p]] for p in order]
+        assert counts.tolist() == [len(k) for k in kept]
+        listed = [
+            np.sort(parts[p].row_pos[k]).astype(np.int64) + scan.base[p]
+            for p, k in zip(order, kept, strict=True)
+            if len(k) < n[p]
+        ]
+        assert np.array_equal(rows, np.concatenate(listed))
+    assert scan.positions(np.array([1]), np.zeros(0, np.uint32), np.array([0]))[0].tolist() == [0]  # none
     with pytest.raises(IndexError):
         scan.positions(np.array([len(parts)]), ids[:1], np.array([1]))
