@@ -428,7 +428,8 @@ def decode_rows(
             stop += 1
         local = locals_[i:stop]
         at = offsets[p]
-        if local[0] < 0 or local[-1] >= first_rows[p + 1] - first_rows[p] or at < 0 or at >= size:
+        count = first_rows[p + 1] - first_rows[p]  # the page's rows
+        if local[0] < 0 or local[-1] >= count or at < 0 or at >= size:
             return CORRUPT, data, starts, valid
         _header(buf, at, size, header, stack)
         if header[0] != OK:
@@ -440,7 +441,7 @@ def decode_rows(
             return UNSUPPORTED, data, starts, valid
         if page_type == _DATA_PAGE and nullable and header[9] != _RLE:
             return UNSUPPORTED, data, starts, valid
-        if stored < 0 or raw_size < 0 or body + stored > size or header[5] != first_rows[p + 1] - first_rows[p]:
+        if stored < 0 or raw_size < 0 or body + stored > size or header[5] != count:
             return CORRUPT, data, starts, valid
         # v1 stores its levels and values as one stream; v2 its levels uncompressed, then the values' stream
         levels = header[7] if page_type == _DATA_PAGE_V2 else 0
@@ -453,7 +454,6 @@ def decode_rows(
                 scratch = np.empty(full, np.uint8)
             # up to a little past where the last wanted row's value should lie, were values of equal size:
             # ~half the page on average (the rest when it lies further, by _reach)
-            count = first_rows[p + 1] - first_rows[p]
             target = full if kind == DELTA else min(full, full * (local[-1] + 2) // count + _MARGIN)
             hi = _call_lz4(codec, source, scratch.ctypes.data, stream, target, full)
             if hi < target:
