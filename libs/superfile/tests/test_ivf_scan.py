@@ -298,3 +298,69 @@ def test_allowed_positions_are_each_parts_row_positions_ascending(mixed: tuple[s
     assert scan.positions(np.array([1]), np.zeros(0, np.uint32), np.array([0]))[0].tolist() == [0]  # none
     with pytest.raises(IndexError):
         scan.positions(np.array([len(parts)]), ids[:1], np.array([1]))
+
+
+def nearest_lists(scores: np.ndarray, sizes: np.ndarray, count: int, k: int, rows: int) -> list[int]:
+    """A part's lists to probe as numpy picks them: its ``count`` nearest (ties to the lower list), then more
+    while they hold fewer than ``min(k, rows)`` rows."""
+    order = np.lexsort((np.arange(len(scores)), scores))
+    take = min(count, len(order))
+    if sizes[order[:take]].sum() < min(k, rows):
+        take = max(take, int(np.searchsorted(np.cumsum(sizes[order]), k)) + 1)
+    return order[:take].tolist()
+
+
+def test_probes_are_each_parts_nearest_lists_widened_to_hold_k_rows(mixed: tuple[str, list[IvfLists]]) -> None:
+    metric, parts = mixed
+    scan = IvfParts(parts, metric)
+    first = np.concatenate(([0], np.cumsum([len(p.bias) for p in parts])))
+    for q in low_rank(3, 128, 16, seed=12):
+        scores = scan.route(q, np.arange(len(parts)))
+        for nprobe, k in ((1, 10), (3, 10), (0, 10), (1, 2_000), (10_000, 10)):
+            chosen = np.array([0, 2])
+            got = scan.probes(q, chosen, nprobe, k)
+            want = []
+            for p in chosen.tolist():
+                count = nprobe or int(scan.nprobe[p])
+                own = scores[first[p] : first[p + 1]]
+                want += [
+                    first[p] + i for i in nearest_lists(own, np.diff(parts[p].offsets), count, k, len(parts[p].row_ids))
+                ]
+            assert got.tolist() == sorted(want)
+            if k == 2_000 and nprobe == 1:  # widened past nprobe: the lists hold k rows
+                assert scan.size[got[got < first[1]]].sum() >= 2_000
+
+
+def test_a_first_pass_is_the_probed_rows_best_keys_gathered(mixed: tuple[str, list[IvfLists]]) -> None:
+    """One call gives what the steps give one by one: the probed lists' runs, the query coded, the heap's best
+    rows (ties to the lower index) located in their parts and gathered."""
+    metric, parts = mixed
+    scan = IvfParts(parts, metric)
+    for q in low_rank(3, 128, 16, seed=13):
+        for chosen, nprobe, want in (([0, 1, 2], 2, 40), ([1], 0, 7), ([0, 2], 50, 5_000)):
+            lists = scan.probes(q, np.array(chosen), nprobe, 10)
+            runs = np.stack((scan.list_part[lists], scan.start[lists], scan.size[lists]), 1)
+            coded_q = scan.query_codes(q, runs[:, 0])
+            index, _ = scan.nearest(*coded_q, runs, want)
+            at = np.cumsum(runs[:, 2]) - runs[:, 2]
+            r = np.searchsorted(at, index, side="right") - 1
+            part, pos = runs[r, 0], runs[r, 1] + index - at[r]
+            v, norms, rows = scan.gather(part, pos)
+            got = scan.first_pass(q, np.array(chosen), nprobe, 10, want)
+            for a, b in zip(got, (part, v, norms, rows), strict=True):
+                assert np.array_equal(a, b)
+    with pytest.raises(IndexError):
+        scan.first_pass(q, np.array([2, 0]), 1, 10, 10)  # not ascending
+
+
+def test_the_ranked_pool_is_lexsorts_top_k_by_part() -> None:
+    rng = np.random.default_rng(6)
+    for n, k in ((0, 10), (5, 10), (200, 10), (200, 1), (300, 300)):
+        dist = rng.integers(0, 20, n).astype(np.float32)  # many ties: broken by part, then row
+        part = rng.integers(0, 4, n)
+        rows = rng.permutation(n).astype(np.int64)
+        keep = np.lexsort((rows, part, dist))[:k]
+        keep = keep[np.argsort(part[keep], kind="stable")]
+        assert IvfParts.ranked(dist, part, rows, k).tolist() == keep.tolist()
+    with pytest.raises(ValueError, match="a part and a row"):
+        IvfParts.ranked(np.zeros(2, np.float32), np.zeros(1, np.int64), np.zeros(2, np.int64), 1)

@@ -7,8 +7,12 @@ queries a second than one (0.66x, ``bench/core_scaling.py``). These loops score 
 one call, the lock released throughout: the two threads then answered 1.76x what one did, and one thread
 1.24x what it did before, on the same 250K-row table. Routing (each part's centroids against the query) and
 the projection of the query into each part's principal components were a BLAS call per part and per step,
-with Python around each; they are one call each too. The first pass keeps the best rows of the whole search
+with Python around each; they are compiled too. The first pass keeps the best rows of the whole search
 in a heap as it scores them, or picks each part's best from its keys (:meth:`IvfParts.nearest`).
+
+An unfiltered search runs from routing to its gathered rerank pool in one call (:meth:`IvfParts.first_pass`):
+as separate steps, ~40 numpy calls around them each let the lock go for a few microseconds, and with a
+second thread searching each was a hand-off; two threads answered 1.25x one at nprobe 8, and 1.7x since.
 
 A row's key is ``-(step * (q8 . code) + offset)``, or ``|x|^2 - 2 (step * (q8 . code) + offset)`` under l2:
 an estimate of its distance to the query, up to a term the same for every row, that compares across parts
@@ -44,14 +48,21 @@ _Floats = npt.NDArray[np.float32]
 
 class IvfSections(Protocol):
     """What the kernels read of one IVF index (``vector_sections.IvfLists``): list centroids (nlist, dim) with their
-    scoring bias, the int8 codes (rows, code dims) with per-component scales, the rows' vectors (rows, dim),
-    norms and row offsets, each row offset's position, and for codes of principal components the mean and the
-    axes (dim, code dims). All C-contiguous."""
+    scoring bias, where each list starts in the list-ordered rows (``offsets``, nlist + 1), the search defaults
+    (``nprobe``, ``rerank``), the int8 codes (rows, code dims) with per-component scales, the rows' vectors
+    (rows, dim), norms and row offsets, each row offset's position, and for codes of principal components the
+    mean and the axes (dim, code dims). All C-contiguous."""
 
     @property
     def centroids(self) -> _Floats: ...
     @property
     def bias(self) -> _Floats: ...
+    @property
+    def offsets(self) -> _Ints: ...
+    @property
+    def nprobe(self) -> int: ...
+    @property
+    def rerank(self) -> int: ...
     @property
     def codes(self) -> npt.NDArray[np.int8]: ...
     @property
@@ -345,6 +356,198 @@ def _positions(
     return filled
 
 
+@_compiled
+def _code(
+    proj_at: _Ints,
+    mean_at: _Ints,
+    scale_at: _Ints,
+    dims: _Ints,
+    dim: int,
+    p: int,
+    q: _Floats,
+    q8: npt.NDArray[np.int8],
+    step: _Keys,
+    offset: _Keys,
+) -> None:
+    """The query coded for part ``p`` as its codes are (:meth:`IvfParts.query_codes`), into row ``p`` of ``q8``,
+    ``step`` and ``offset``. Float32 steps as numpy takes them: a quotient of float32s is rounded back to
+    float32 (numba divides in float64; rounding that is exact) before it is rounded to an integer."""
+    n = dims[p]
+    scale = numba.carray(_float32_at(scale_at[p]), (n,))
+    if proj_at[p] != 0:  # the query's principal components in the part's own basis
+        x = np.empty((1, n), np.float32)
+        _project(proj_at, mean_at, dims, dim, np.full(1, p, np.int64), q, x, offset)
+        row = x[0]
+    else:  # full codes: the query itself
+        row = q
+    w = np.empty(n, np.float32)
+    peak = np.float32(0.0)
+    for c in range(n):
+        w[c] = np.float32(row[c] * scale[c])
+        peak = max(peak, abs(w[c]))
+    s = np.float64(peak) / 127.0 if peak > 0 else 1.0
+    s32 = np.float32(s)
+    for c in range(n):
+        q8[p, c] = np.int8(np.rint(np.float32(w[c] / s32)))
+    for c in range(n, q8.shape[1]):
+        q8[p, c] = 0
+    step[p] = s
+
+
+@_compiled
+def _codes(
+    proj_at: _Ints,
+    mean_at: _Ints,
+    scale_at: _Ints,
+    dims: _Ints,
+    dim: int,
+    parts: _Ints,
+    q: _Floats,
+    q8: npt.NDArray[np.int8],
+    step: _Keys,
+    offset: _Keys,
+) -> None:
+    for p in parts:
+        _code(proj_at, mean_at, scale_at, dims, dim, p, q, q8, step, offset)
+
+
+@_compiled
+def _choose(
+    scores: _Floats,
+    parts: _Ints,
+    count: _Ints,
+    k: int,
+    nlist: _Ints,
+    first: _Ints,
+    size: _Ints,
+    rows: _Ints,
+    out: _Ints,
+) -> int:
+    """Each of ``parts``' ``count`` lists nearest by ``scores`` (ties: the lower list), more while they hold fewer
+    than ``min(k, its rows)`` rows, as list numbers into ``out``, ascending; returns how many."""
+    n = 0
+    for i in range(len(parts)):
+        p = parts[i]
+        f, m = first[p], nlist[p]
+        order = np.argsort(scores[f : f + m], kind="mergesort")
+        take = min(count[i], m)
+        held = 0
+        for j in range(take):
+            held += size[f + order[j]]
+        if held < min(k, rows[p]):  # probe on until the lists hold k rows, as a part searched alone does
+            seen, j = 0, 0
+            while j < m:
+                seen += size[f + order[j]]
+                j += 1
+                if seen >= k:
+                    break
+            take = max(take, j)
+        for j in range(take):
+            out[n] = f + order[j]
+            n += 1
+    out[:n].sort()
+    return n
+
+
+@_compiled
+def _first_pass(
+    cent_at: _Ints,
+    bias_at: _Ints,
+    nlist: _Ints,
+    first: _Ints,
+    dim: int,
+    proj_at: _Ints,
+    mean_at: _Ints,
+    scale_at: _Ints,
+    part: _Ints,
+    width: int,
+    l2: bool,
+    list_part: _Ints,
+    start: _Ints,
+    size: _Ints,
+    vectors_at: _Ints,
+    row_ids_at: _Ints,
+    parts: _Ints,
+    count: _Ints,
+    k: int,
+    want: int,
+    q: _Floats,
+) -> tuple[_Ints, _Floats, _Floats, _Ints]:
+    """:meth:`IvfParts.first_pass`, in one call: route, choose the lists, code the query for the parts probed,
+    keep the ``want`` best rows of the probed lists in a heap, and gather them."""
+    scores = np.zeros(first[-1], np.float32)
+    _route(cent_at, bias_at, nlist, dim, parts, first, q, scores)
+    lists = np.empty(first[-1], np.int64)
+    chosen = lists[: _choose(scores, parts, count, k, nlist, first, size, part[:, 2], lists)]
+    runs = np.empty((len(chosen), 3), np.int64)  # adjacent lists of one part make one run (part, first, length)
+    r = -1
+    for lst in chosen:
+        if r >= 0 and runs[r, 0] == list_part[lst] and runs[r, 1] + runs[r, 2] == start[lst]:
+            runs[r, 2] += size[lst]
+        else:
+            r += 1
+            runs[r, 0], runs[r, 1], runs[r, 2] = list_part[lst], start[lst], size[lst]
+    runs = runs[: r + 1]
+    q8 = np.zeros((len(part), width), np.int8)
+    step, offset = np.zeros(len(part), np.float64), np.zeros(len(part), np.float64)
+    coded = np.zeros(len(part), np.bool_)
+    for i in range(len(runs)):
+        p = runs[i, 0]
+        if not coded[p]:
+            _code(proj_at, mean_at, scale_at, part[:, 3], dim, p, q, q8, step, offset)
+            coded[p] = True
+    heap_key, heap_at = np.empty(max(want, 0), np.float64), np.empty(max(want, 0), np.int64)
+    best = np.sort(heap_at[: _nearest_runs(part, q8, step, offset, l2, runs, heap_key, heap_at)])
+    owner, pos = np.empty(len(best), np.int64), np.empty(len(best), np.int64)
+    r, at = 0, 0  # the run holding index best[i], and its first index in run order
+    for i in range(len(best)):
+        while best[i] >= at + runs[r, 2]:
+            at += runs[r, 2]
+            r += 1
+        owner[i], pos[i] = runs[r, 0], runs[r, 1] + best[i] - at
+    v, norms, rows = (
+        np.empty((len(best), dim), np.float32),
+        np.empty(len(best), np.float32),
+        np.empty(len(best), np.int64),
+    )
+    if not _gather(vectors_at, part, row_ids_at, dim, owner, pos, v, norms, rows):
+        raise IndexError("a position out of its part's rows")
+    return owner, v, norms, rows
+
+
+@_compiled
+def _before(dist: _Floats, part: _Ints, rows: _Ints, i: int, j: int) -> bool:
+    """Whether candidate ``i`` ranks before ``j``: by distance, then part, then row."""
+    if dist[i] != dist[j]:
+        return bool(dist[i] < dist[j])
+    return bool(part[i] < part[j] or (part[i] == part[j] and rows[i] < rows[j]))
+
+
+@_compiled
+def _ranked(dist: _Floats, part: _Ints, rows: _Ints, k: int) -> _Ints:
+    """The indices of the ``k`` first candidates by (distance, part, row), then ordered by part (stably): the
+    pool is small (the rerank depth), so each is inserted into the ``k`` held."""
+    keep = np.empty(min(k, len(dist)), np.int64)
+    held = 0
+    for i in range(len(dist)):
+        j = held
+        while j > 0 and _before(dist, part, rows, i, keep[j - 1]):
+            j -= 1
+        if j == len(keep):
+            continue
+        held = min(held + 1, len(keep))
+        for m in range(held - 1, j, -1):
+            keep[m] = keep[m - 1]
+        keep[j] = i
+    for i in range(1, held):  # stable insertion by part
+        x, j = keep[i], i
+        while j > 0 and part[keep[j - 1]] > part[x]:
+            keep[j] = keep[j - 1]
+            j -= 1
+        keep[j] = x
+    return keep
+
+
 class IvfParts:
     """The compiled steps over some IVF indexes of one dimension and metric (the parts), each part addressed by
     its number: routing, query coding, first-pass keys by (part, position)."""
@@ -370,8 +573,8 @@ class IvfParts:
         self._bias_at = _addresses(x.bias for x in parts)
         self._proj_at = _addresses(x.proj for x in parts)
         self._mean_at = _addresses(x.mean for x in parts)
-        self._nlist = np.array([len(x.bias) for x in parts], np.int64)
-        self._first = np.concatenate(([0], np.cumsum(self._nlist)))  # part p's lists: first[p] .. first[p + 1]
+        self.nlist = np.array([len(x.bias) for x in parts], np.int64)
+        self._first = np.concatenate(([0], np.cumsum(self.nlist)))  # part p's lists: first[p] .. first[p + 1]
         rows = np.array([x.codes.shape[0] for x in parts], np.int64)
         self.base = np.concatenate(([0], np.cumsum(rows)))  # the parts' rows numbered together: part p's from base[p]
         self._dims = np.array([x.codes.shape[1] for x in parts], np.int64)
@@ -384,15 +587,19 @@ class IvfParts:
         self._row_ids_at = _addresses(x.row_ids for x in parts)
         self._row_pos_at = _addresses(x.row_pos for x in parts)
         self._l2 = metric == "l2"
-        # the parts by how a query is coded for them (full or principal-component codes, of so many dimensions),
-        # with their code scales stacked: one quantization of the query for all the parts of a kind
-        kinds: dict[tuple[bool, int], list[int]] = {}
-        for p, x in enumerate(parts):
-            kinds.setdefault((x.proj is not None, x.codes.shape[1]), []).append(p)
-        self._kinds = [
-            (np.array(ps, np.int64), np.stack([parts[p].scale for p in ps]), parts[ps[0]].proj is not None)
-            for ps in kinds.values()
-        ]
+        self._scale_at = _addresses(x.scale for x in parts)
+        # each list's part, first position in its part's rows and length, numbered across the parts
+        self.list_part = np.repeat(np.arange(len(parts), dtype=np.int64), self.nlist)
+        self.start = np.concatenate([np.asarray(x.offsets[:-1], np.int64) for x in parts] or [np.zeros(0, np.int64)])
+        self.size = np.concatenate([np.diff(np.asarray(x.offsets, np.int64)) for x in parts] or [np.zeros(0, np.int64)])
+        if (
+            len(self.start) != self.lists
+            or np.any(self.size < 0)
+            or np.any(self.start + self.size > rows[self.list_part])
+        ):
+            raise ValueError("list offsets past their part's rows")
+        self.nprobe = np.minimum(np.array([x.nprobe for x in parts], np.int64), np.maximum(self.nlist, 1))
+        self.rerank = np.array([x.rerank for x in parts], np.int64)
 
     @property
     def lists(self) -> int:
@@ -433,37 +640,88 @@ class IvfParts:
         parts = np.asarray(parts, np.int64)
         if len(parts) and (parts.min() < 0 or parts.max() >= len(self._parts)):
             raise IndexError(f"parts must be in [0, {len(self._parts)})")
-        _route(self._cent_at, self._bias_at, self._nlist, self._dim, parts, self._first, _query(q, self._dim), out)
+        _route(self._cent_at, self._bias_at, self.nlist, self._dim, parts, self._first, _query(q, self._dim), out)
         return out
 
     def query_codes(self, q: _Floats, parts: _Ints) -> tuple[npt.NDArray[np.int8], _Keys, _Keys]:
         """The query coded for each of ``parts`` as its codes are: ``q8`` (one row per part, the widest code's
         columns, a part's first ``code dims`` used; other parts' rows 0), and per part the ``step`` and
-        ``offset`` such that ``step * (q8 . code) + offset`` estimates q.x for any of its rows. One projection
-        call for all the parts of principal-component codes, one quantization per kind of code."""
-        q = _query(q, self._dim)
-        wanted = np.zeros(len(self._parts), bool)
-        wanted[np.asarray(parts, np.int64)] = True
+        ``offset`` such that ``step * (q8 . code) + offset`` estimates q.x for any of its rows: the query (or its
+        principal components in the part's basis) times the part's per-component scales, as int8 with a step
+        per part. One call for all the parts."""
+        parts = np.unique(np.asarray(parts, np.int64))
+        if len(parts) and (parts[0] < 0 or parts[-1] >= len(self._parts)):
+            raise IndexError(f"parts must be in [0, {len(self._parts)})")
         q8 = np.zeros((len(self._parts), self.width), np.int8)
         step, offset = np.zeros(len(self._parts), np.float64), np.zeros(len(self._parts), np.float64)
-        for members, scales, reduced in self._kinds:
-            take = np.flatnonzero(wanted[members])
-            if not len(take):
-                continue
-            chosen = members[take]
-            if reduced:  # the query's principal components in each part's own basis
-                x = np.empty((len(chosen), scales.shape[1]), np.float32)
-                _project(self._proj_at, self._mean_at, self._dims, self._dim, chosen, q, x, offset)
-            else:  # full codes: the query itself
-                x = q[None]
-            # the per-component scales folded into the query, then int8 with a step per part: the factor from a
-            # dot product with the codes back to the scaled query's
-            w = x * scales[take]
-            peak = np.abs(w).max(axis=1).astype(np.float64)
-            part_step = np.where(peak > 0, peak / 127.0, 1.0)
-            q8[chosen, : w.shape[1]] = np.rint(w / part_step.astype(np.float32)[:, None]).astype(np.int8)
-            step[chosen] = part_step
+        _codes(
+            self._proj_at,
+            self._mean_at,
+            self._scale_at,
+            self._dims,
+            self._dim,
+            parts,
+            _query(q, self._dim),
+            q8,
+            step,
+            offset,
+        )
         return q8, step, offset
+
+    def first_pass(
+        self, q: _Floats, parts: _Ints, nprobe: int, k: int, want: int
+    ) -> tuple[_Ints, _Floats, _Floats, _Ints]:
+        """The ``want`` rows of the best keys among the lists probed in ``parts`` (ascending, distinct), gathered
+        for the rerank: (part, vectors, norms, row offsets), in the parts' order and each part's list order.
+
+        Each part probes its ``nprobe`` nearest lists (0: its default), more while they hold fewer than ``k`` rows
+        (the lists a search of the part alone probes), and its rows are scored as :meth:`nearest` scores them.
+        One call without the interpreter lock from routing to the gathered pool: as ~40 numpy steps, each let the
+        lock go, and with a second thread searching each was a hand-off (two threads answered 0.94x one)."""
+        parts = np.ascontiguousarray(parts, np.int64)
+        if len(parts) and (parts[0] < 0 or parts[-1] >= len(self._parts) or np.any(parts[1:] <= parts[:-1])):
+            raise IndexError(f"parts must ascend, each in [0, {len(self._parts)})")
+        count = np.minimum(nprobe, self.nlist[parts]) if nprobe else self.nprobe[parts]
+        return _first_pass(
+            self._cent_at,
+            self._bias_at,
+            self.nlist,
+            self._first,
+            self._dim,
+            self._proj_at,
+            self._mean_at,
+            self._scale_at,
+            self._part,
+            self.width,
+            self._l2,
+            self.list_part,
+            self.start,
+            self.size,
+            self._vectors_at,
+            self._row_ids_at,
+            parts,
+            count,
+            k,
+            want,
+            _query(q, self._dim),
+        )
+
+    @staticmethod
+    def ranked(dist: _Floats, part: _Ints, rows: _Ints, k: int) -> _Ints:
+        """The indices of the ``k`` candidates first by (distance, part, row), ordered by part (stably), each
+        part's nearest first: numpy's ``lexsort`` and the steps around it in one call."""
+        if not len(dist) == len(part) == len(rows):
+            raise ValueError("a part and a row for each distance were expected")
+        dist = np.ascontiguousarray(dist, np.float32)
+        return _ranked(dist, np.ascontiguousarray(part, np.int64), np.ascontiguousarray(rows, np.int64), k)
+
+    def probes(self, q: _Floats, parts: _Ints, nprobe: int, k: int) -> _Ints:
+        """The lists :meth:`first_pass` probes in ``parts`` (ascending, distinct), as ascending list numbers."""
+        parts = np.ascontiguousarray(parts, np.int64)
+        scores = self.route(q, parts)
+        count = np.minimum(nprobe, self.nlist[parts]) if nprobe else self.nprobe[parts]
+        out = np.empty(self.lists, np.int64)
+        return out[: _choose(scores, parts, count, k, self.nlist, self._first, self.size, self._part[:, 2], out)]
 
     def nearest(
         self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys, runs: _Ints, count: int

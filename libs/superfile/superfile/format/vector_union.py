@@ -25,6 +25,9 @@ same code ``VectorIndex.search`` runs for its one part):
    mapped back onto q.x and compare across parts;
 3. **rerank**: exact float32 distances for the best first-pass candidates.
 
+Unfiltered, steps 1 and 2 and the rerank pool's gathering are one compiled call, and the final pick another
+(``IvfParts.first_pass``, ``IvfParts.ranked``).
+
 :meth:`VectorUnion.top` ranks all its parts together with one rerank pool
 (default: the largest of the parts' defaults): the first pass ranks across
 parts, so the budget is per search, as for one index, not per part; on the
@@ -96,20 +99,16 @@ class VectorUnion:
         from superfile.format.ivf_scan import IvfParts  # numba: ~0.2 s to import, paid by a first IVF search
 
         self._kernels = IvfParts(self._lists, self.metric)
-        nlist = np.array([len(x.bias) for x in self._lists], np.int64)
+        nlist = self._kernels.nlist
         first = np.concatenate(([0], np.cumsum(nlist)))  # part p's lists: first[p] .. first[p + 1]
-        self._part = np.repeat(np.arange(len(parts)), nlist)
-        self._start = np.concatenate([x.offsets[:-1] for x in self._lists])
-        self._size = np.concatenate([np.diff(x.offsets) for x in self._lists])
-        self._rows = np.array([len(x.row_ids) for x in self._lists], np.int64)
+        self._part = self._kernels.list_part
+        self._size = self._kernels.size
         # every part's rows numbered after the earlier parts' (part p's from base[p]), and each list's first
         # row in that numbering: ascending, so a row's list is a search of it
         self._base = self._kernels.base
-        self._first_row = self._base[self._part] + self._start
+        self._rows = np.diff(self._base)
+        self._first_row = self._base[self._part] + self._kernels.start
         self._end_row = self._first_row + self._size
-        self._nprobe = np.minimum(np.array([x.nprobe for x in self._lists], np.int64), np.maximum(nlist, 1))
-        self._rerank_default = np.array([x.rerank for x in self._lists], np.int64)
-        self._nlist = nlist
         self._grid = np.full((len(parts), int(nlist.max(initial=0))), -1, np.int64)  # each part's lists, -1 pad
         for p, n in enumerate(nlist.tolist()):
             self._grid[p, :n] = np.arange(first[p], first[p] + n)
@@ -129,16 +128,14 @@ class VectorUnion:
         the whole search (None: the largest of the parts' defaults). The query is checked like there.
         """
         q = self._first_part.prepare_query(query)
-        chosen = np.unique(np.asarray(parts, np.int64))
+        chosen = np.array(sorted(set(parts)), np.int64)  # (np.unique lets the interpreter lock go)
         if k <= 0 or not len(chosen):
             return []
-        probes = self._probes(q, chosen, k, nprobe)
-        if not len(probes):  # parts without rows
-            return []
-        want = max(rerank or int(self._rerank_default[chosen].max()), k)
-        runs = _list_runs(self._part[probes], self._start[probes], self._size[probes])
-        best, _ = self._kernels.nearest(*self._kernels.query_codes(q, runs[:, 0]), runs, want)
-        return self._rerank(q, *_locate(best, runs), k, each=False)
+        want = max(rerank or int(self._kernels.rerank[chosen].max()), k)
+        part, v, norms, rows = self._kernels.first_pass(q, chosen, nprobe or 0, k, want)
+        dist = exact_distances(v, q, norms, self.metric)
+        keep = self._kernels.ranked(dist, part, rows, k)
+        return _grouped(part[keep], rows[keep], dist[keep])
 
     def top_each(
         self,
@@ -165,12 +162,12 @@ class VectorUnion:
         parts, allowed, rows = self._allowed(allow)
         if k <= 0 or not len(parts):
             return []
-        n, nlist = self._rows[parts], self._nlist[parts]
-        count = np.minimum(nprobe, nlist) if nprobe is not None else self._nprobe[parts]
-        want = np.maximum(rerank or self._rerank_default[parts], k)
+        n, nlist = self._rows[parts], self._kernels.nlist[parts]
+        count = np.minimum(nprobe, nlist) if nprobe is not None else self._kernels.nprobe[parts]
+        want = np.maximum(rerank or self._kernels.rerank[parts], k)
         brute = allowed <= np.floor(_BRUTE_FACTOR * count * n / np.maximum(nlist, 1))  # (not filtered: every list)
         plain, filtered = ~brute & (allowed == n), ~brute & (allowed < n)
-        probed = [self._probes(q, parts[plain], k, nprobe)] if plain.any() else []
+        probed = [self._kernels.probes(q, parts[plain], nprobe or 0, k)] if plain.any() else []
         probed += [self._filtered_probes(q, parts[filtered], k, nprobe, allowed[filtered], rows)]
         lists = np.sort(np.concatenate((*probed, self._grid[parts[brute]].ravel())))
         whole = np.zeros(len(self._lists), bool)
@@ -183,7 +180,7 @@ class VectorUnion:
         coded = self._kernels.query_codes(q, np.flatnonzero(held > pool))
         best = scored[self._kernels.nearest_each(*coded, scored, pool)]
         part = np.searchsorted(self._base, best, side="right") - 1
-        return self._rerank(q, part, best - self._base[part], k, each=True)
+        return self._rerank(q, part, best - self._base[part], k)
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -212,31 +209,6 @@ class VectorUnion:
         allowed = np.array([m for m in found.values() if m > 0], np.int64)
         return parts, allowed, rows
 
-    def _probes(self, q: _Floats, parts: _Ints, k: int, nprobe: int | None) -> _Ints:
-        """The lists to scan, as ascending global list numbers (so each part's lists are adjacent)."""
-        scores = self._kernels.route(q, parts)  # each part's own centroids, read in place
-        grid = self._grid[parts]
-        dist = np.where(grid >= 0, scores[grid], np.inf)
-        count = np.minimum(nprobe, self._nlist[parts]) if nprobe is not None else self._nprobe[parts]
-        top = max(int(count.max()), 1)
-        if top < grid.shape[1]:
-            pick = np.argpartition(dist, top - 1, axis=1)[:, :top]
-        else:
-            pick = np.broadcast_to(np.arange(grid.shape[1]), grid.shape)
-        if np.any(count != top):  # parts with other defaults keep their own nearest `count`
-            pick = np.take_along_axis(pick, np.argsort(np.take_along_axis(dist, pick, 1), axis=1, kind="stable"), 1)
-        lists = np.take_along_axis(grid, pick, 1)
-        keep = (np.arange(pick.shape[1]) < count[:, None]) & (lists >= 0)
-        held = np.where(keep, self._size[lists], 0).sum(axis=1)
-        short = np.flatnonzero(held < np.minimum(k, self._rows[parts]))
-        keep[short] = False
-        wider = [lists[keep]]
-        for i in short.tolist():  # probe on until the lists hold k rows, as a part searched alone does
-            order = np.argsort(dist[i], kind="stable")[: self._nlist[parts[i]]]
-            seen = np.cumsum(self._size[grid[i, order]])
-            wider.append(grid[i, order[: max(int(count[i]), int(np.searchsorted(seen, k)) + 1)]])
-        return np.sort(np.concatenate(wider))
-
     def _filtered_probes(
         self, q: _Floats, parts: _Ints, k: int, nprobe: int | None, allowed: _Ints, rows: _Ints
     ) -> _Ints:
@@ -249,7 +221,7 @@ class VectorUnion:
         grid = self._grid[parts]
         order = np.argsort(np.where(grid >= 0, scores[grid], np.inf), axis=1, kind="stable")
         lists = np.take_along_axis(grid, order, 1)  # each part's lists, nearest first, then the pads
-        count = np.minimum(nprobe, self._nlist[parts]) if nprobe is not None else self._nprobe[parts]
+        count = np.minimum(nprobe, self._kernels.nlist[parts]) if nprobe is not None else self._kernels.nprobe[parts]
         seen = np.cumsum(np.where(lists >= 0, self._size[lists], 0), axis=1)
         probed = seen[np.arange(len(parts)), np.maximum(count - 1, 0)]  # what unfiltered probing scans
         target = np.maximum(k, np.ceil(probed * (allowed / np.maximum(self._rows[parts], 1)) ** _FILTER_EXPONENT))
@@ -267,35 +239,18 @@ class VectorUnion:
 
         return list_rows(rows, self._first_row, self._end_row, lists, whole)
 
-    def _rerank(self, q: _Floats, part: _Ints, pos: _Ints, k: int, *, each: bool) -> _Hits:
-        """Exact distances of the candidates (gathered part by part), then the k nearest by (distance, part, row),
-        or (``each``) each part's k nearest by (distance, row)."""
+    def _rerank(self, q: _Floats, part: _Ints, pos: _Ints, k: int) -> _Hits:
+        """Exact distances of the candidates (gathered part by part), then each part's k nearest by (distance,
+        row)."""
         v, norms, rows = self._kernels.gather(part, pos)
         dist = exact_distances(v, q, norms, self.metric)
-        if not len(dist):
-            return []
-        if each:  # the rerank pool is small: sorting it whole is cheap
-            keep = np.lexsort((rows, dist, part))
-            owner = part[keep]
-            keep = keep[np.arange(len(keep)) - np.searchsorted(owner, owner) < k]  # each part's first k
-        else:
-            keep = np.lexsort((rows, part, dist))[:k]
-            keep = keep[np.argsort(part[keep], kind="stable")]  # by part, each part's nearest first
+        keep = np.lexsort((rows, dist, part))  # the rerank pool is small: sorting it whole is cheap
         owner = part[keep]
-        bounds = [0, *(np.flatnonzero(owner[1:] != owner[:-1]) + 1).tolist(), len(keep)]
-        return [(int(owner[a]), rows[keep[a:b]], dist[keep[a:b]]) for a, b in itertools.pairwise(bounds)]
+        keep = keep[np.arange(len(keep)) - np.searchsorted(owner, owner) < k]  # each part's first k
+        return _grouped(part[keep], rows[keep], dist[keep])
 
 
-def _locate(index: _Ints, runs: _Ints) -> tuple[_Ints, _Ints]:
-    """(part, position) of rows by their index in run order, from the runs (part, first position, length)."""
-    at = np.cumsum(runs[:, 2]) - runs[:, 2]
-    r = np.searchsorted(at, index, side="right") - 1
-    return runs[r, 0], runs[r, 1] + index - at[r]
-
-
-def _list_runs(part: _Ints, start: _Ints, size: _Ints) -> _Ints:
-    """Lists (of ``part``, at position ``start``, of ``size`` rows) in storage order as runs of rows (part,
-    first position, length): adjacent lists of one part make one run."""
-    cut = np.flatnonzero((part[1:] != part[:-1]) | (start[1:] != start[:-1] + size[:-1])) + 1
-    first, last = np.concatenate(([0], cut)), np.concatenate((cut - 1, [len(start) - 1]))
-    return np.stack((part[first], start[first], start[last] + size[last] - start[first]), 1)
+def _grouped(part: _Ints, rows: _Ints, dist: _Floats) -> _Hits:
+    """Hits ordered by part as (part, row offsets, distances) per part."""
+    cuts = [0, *(np.flatnonzero(part[1:] != part[:-1]) + 1).tolist(), len(part)]
+    return [(int(part[a]), rows[a:b], dist[a:b]) for a, b in itertools.pairwise(cuts) if b > a]
