@@ -157,7 +157,8 @@ def test_the_rows_to_score_are_the_allowed_rows_of_the_probed_lists() -> None:
         rows = np.flatnonzero(rng.random(total) < rng.random())
         lists = np.flatnonzero(rng.random(len(size)) < 0.7)
         whole = rng.random(len(size)) < 0.3
-        got = ivf_scan.list_rows(rows, first, first + size, lists, whole)
+        out = np.empty(len(rows) + int(size.sum()), np.int64)
+        got = out[: ivf_scan._list_rows(rows, first, first + size, lists, whole, out)]
         allowed = set(rows.tolist())
         want = [r for lst in lists for r in range(first[lst], first[lst] + size[lst]) if whole[lst] or r in allowed]
         assert got.tolist() == want
@@ -351,6 +352,8 @@ def test_a_first_pass_is_the_probed_rows_best_keys_gathered(mixed: tuple[str, li
                 assert np.array_equal(a, b)
     with pytest.raises(IndexError):
         scan.first_pass(q, np.array([2, 0]), 1, 10, 10)  # not ascending
+    with pytest.raises(IndexError):
+        scan.query_codes(q, np.array([0, len(parts)]))
 
 
 def test_the_ranked_pool_is_lexsorts_top_k_by_part() -> None:
@@ -362,5 +365,12 @@ def test_the_ranked_pool_is_lexsorts_top_k_by_part() -> None:
         keep = np.lexsort((rows, part, dist))[:k]
         keep = keep[np.argsort(part[keep], kind="stable")]
         assert IvfParts.ranked(dist, part, rows, k).tolist() == keep.tolist()
+        grouped = np.argsort(part, kind="stable")  # each=True: a part's candidates adjacent, parts ascending
+        dist, part, rows = dist[grouped], part[grouped], rows[grouped]
+        keep = np.lexsort((rows, dist, part))
+        keep = keep[np.arange(len(keep)) - np.searchsorted(part[keep], part[keep]) < k]  # each part's first k
+        assert IvfParts.ranked(dist, part, rows, k, each=True).tolist() == keep.tolist()
+    with pytest.raises(ValueError, match="must not descend"):
+        IvfParts.ranked(np.zeros(2, np.float32), np.array([1, 0]), np.zeros(2, np.int64), 1, each=True)
     with pytest.raises(ValueError, match="a part and a row"):
         IvfParts.ranked(np.zeros(2, np.float32), np.zeros(1, np.int64), np.zeros(2, np.int64), 1)

@@ -39,7 +39,7 @@ from superfile.format.compiled import compiled as _compiled
 from superfile.format.compiled import compiled_fast as _compiled_fast
 from superfile.format.compiled import pointer_to as _pointer_to
 
-__all__ = ["IvfParts", "IvfSections", "list_rows"]
+__all__ = ["IvfParts", "IvfSections"]
 
 _Keys = npt.NDArray[np.float64]
 _Ints = npt.NDArray[np.int64]
@@ -257,6 +257,9 @@ def _nearest_each(
 
 @_compiled
 def _list_rows(rows: Any, first_row: Any, end_row: Any, lists: Any, whole: Any, out: Any) -> int:
+    """The rows of ``lists`` (ascending; list l holds rows ``first_row[l]`` to ``end_row[l]``) to score, into
+    ``out``: every row of a list marked ``whole``, else those of the allowed ``rows`` (ascending) in it. One pass
+    over both (numpy's steps took ~1 ms for the 100K rows a 10% filter allows of 1M). Returns how many."""
     count, i = 0, 0
     for lst in lists:
         if whole[lst]:
@@ -271,15 +274,6 @@ def _list_rows(rows: Any, first_row: Any, end_row: Any, lists: Any, whole: Any, 
             count += 1
             i += 1
     return count
-
-
-def list_rows(rows: _Ints, first_row: _Ints, end_row: _Ints, lists: _Ints, whole: npt.NDArray[np.bool_]) -> _Ints:
-    """The rows of ``lists`` (ascending; list l holds rows ``first_row[l]`` to ``end_row[l]``) to score: every
-    row of a list marked ``whole``, else those of the allowed ``rows`` (ascending) in it. One pass over both
-    (numpy's steps took ~1 ms for the 100K rows a 10% filter allows of 1M)."""
-    size = int((end_row[lists] - first_row[lists])[whole[lists]].sum()) + len(rows)
-    out = np.empty(size, np.int64)
-    return out[: _list_rows(rows, first_row, end_row, lists, whole, out)]
 
 
 @_compiled
@@ -406,9 +400,14 @@ def _codes(
     q8: npt.NDArray[np.int8],
     step: _Keys,
     offset: _Keys,
-) -> None:
+) -> bool:
+    """:func:`_code` for each of ``parts``; False (nothing coded) if one is not a part."""
+    for p in parts:
+        if p < 0 or p >= len(dims):
+            return False
     for p in parts:
         _code(proj_at, mean_at, scale_at, dims, dim, p, q, q8, step, offset)
+    return True
 
 
 @_compiled
@@ -516,6 +515,126 @@ def _first_pass(
 
 
 @_compiled
+def _filtered_lists(
+    scores: _Floats,
+    first: int,
+    m: int,
+    size: _Ints,
+    first_row: _Ints,
+    end_row: _Ints,
+    rows: _Ints,
+    count: int,
+    target: float,
+    out: _Ints,
+    at: int,
+) -> int:
+    """A filtered part's lists with allowed ``rows``, nearest first (ties: the lower list), until ``count`` of
+    them and ``target`` allowed rows, into ``out[at:]``; returns the next free place."""
+    order = np.argsort(scores[first : first + m], kind="mergesort")
+    useful, seen = 0, 0
+    for j in range(m):
+        lst = first + order[j]
+        held = np.searchsorted(rows, end_row[lst]) - np.searchsorted(rows, first_row[lst])
+        if held == 0:
+            continue
+        if useful >= count and seen >= target:
+            break
+        out[at] = lst
+        at += 1
+        useful += 1
+        seen += held
+    return at
+
+
+@_compiled
+def _first_pass_each(
+    cent_at: _Ints,
+    bias_at: _Ints,
+    nlist: _Ints,
+    first: _Ints,
+    dim: int,
+    proj_at: _Ints,
+    mean_at: _Ints,
+    scale_at: _Ints,
+    part: _Ints,
+    width: int,
+    l2: bool,
+    lists_of: _Ints,
+    first_row: _Ints,
+    end_row: _Ints,
+    size: _Ints,
+    base: _Ints,
+    vectors_at: _Ints,
+    row_ids_at: _Ints,
+    default_nprobe: _Ints,
+    default_rerank: _Ints,
+    parts: _Ints,
+    allowed: _Ints,
+    rows: _Ints,
+    nprobe: int,
+    rerank: int,
+    k: int,
+    brute_factor: float,
+    exponent: float,
+    q: _Floats,
+) -> tuple[_Ints, _Floats, _Floats, _Ints]:
+    """:meth:`IvfParts.first_pass_each`, in one call."""
+    scores = np.zeros(first[-1], np.float32)
+    _route(cent_at, bias_at, nlist, dim, parts, first, q, scores)
+    lists = np.empty(first[-1], np.int64)
+    whole = np.zeros(len(nlist), np.bool_)
+    pool = np.zeros(len(nlist), np.int64)
+    at = 0
+    for i in range(len(parts)):
+        p, m = parts[i], nlist[parts[i]]
+        n, f = part[p, 2], first[p]
+        count = min(nprobe, m) if nprobe else default_nprobe[p]
+        pool[p] = max(rerank if rerank else default_rerank[p], k)
+        whole[p] = allowed[i] == n  # unfiltered: every row of its probed lists
+        if allowed[i] <= np.floor(brute_factor * count * n / max(m, 1)):  # few rows: each scored
+            for lst in range(f, f + m):
+                lists[at] = lst
+                at += 1
+        elif whole[p]:
+            at += _choose(
+                scores, parts[i : i + 1], np.full(1, count, np.int64), k, nlist, first, size, part[:, 2], lists[at:]
+            )
+        else:  # its lists with allowed rows, nearest first, until count of them and its share of what probing scans
+            order = np.argsort(scores[f : f + m], kind="mergesort")
+            probed = 0
+            for j in range(max(count, 1)):
+                if j < m:
+                    probed += size[f + order[j]]
+            target = max(k, np.ceil(probed * (allowed[i] / max(n, 1)) ** exponent))
+            at = _filtered_lists(scores, f, m, size, first_row, end_row, rows, count, target, lists, at)
+    chosen = np.sort(lists[:at])
+    total = len(rows)
+    for lst in chosen:
+        if whole[lists_of[lst]]:
+            total += size[lst]
+    scored = np.empty(total, np.int64)
+    scored = scored[: _list_rows(rows, first_row, end_row, chosen, whole[lists_of], scored)]
+    q8 = np.zeros((len(nlist), width), np.int8)
+    step, offset = np.zeros(len(nlist), np.float64), np.zeros(len(nlist), np.float64)
+    held = np.diff(np.searchsorted(scored, base))
+    for p in range(len(nlist)):
+        if held[p] > pool[p]:  # a part whose rows all fit its pool is taken whole: not coded, not scored
+            _code(proj_at, mean_at, scale_at, part[:, 3], dim, p, q, q8, step, offset)
+    keys, out = np.empty(len(scored), np.float64), np.empty(min(len(scored), pool.sum()), np.int64)
+    best = scored[out[: _nearest_each(part, q8, step, offset, l2, scored, base, pool, keys, out)]]
+    owner = np.searchsorted(base, best, side="right") - 1
+    pos = best - base[owner]
+    v, norms, found = (
+        np.empty((len(best), dim), np.float32),
+        np.empty(len(best), np.float32),
+        np.empty(len(best), np.int64),
+    )
+    if not _gather(vectors_at, part, row_ids_at, dim, owner, pos, v, norms, found):
+        raise IndexError("a position out of its part's rows")
+    return owner, v, norms, found
+
+
+@_compiled
 def _before(dist: _Floats, part: _Ints, rows: _Ints, i: int, j: int) -> bool:
     """Whether candidate ``i`` ranks before ``j``: by distance, then part, then row."""
     if dist[i] != dist[j]:
@@ -524,28 +643,47 @@ def _before(dist: _Floats, part: _Ints, rows: _Ints, i: int, j: int) -> bool:
 
 
 @_compiled
-def _ranked(dist: _Floats, part: _Ints, rows: _Ints, k: int) -> _Ints:
-    """The indices of the ``k`` first candidates by (distance, part, row), then ordered by part (stably): the
-    pool is small (the rerank depth), so each is inserted into the ``k`` held."""
-    keep = np.empty(min(k, len(dist)), np.int64)
+def _best(dist: _Floats, part: _Ints, rows: _Ints, a: int, b: int, k: int, out: _Ints, at: int) -> int:
+    """The first ``k`` of candidates ``a:b`` by (distance, part, row) into ``out[at:]``, in that order; returns
+    the next free place. A pool is small (the rerank depth): each is inserted into the ``k`` held."""
+    cap = min(k, b - a)
     held = 0
-    for i in range(len(dist)):
+    for i in range(a, b):
         j = held
-        while j > 0 and _before(dist, part, rows, i, keep[j - 1]):
+        while j > 0 and _before(dist, part, rows, i, out[at + j - 1]):
             j -= 1
-        if j == len(keep):
+        if j == cap:
             continue
-        held = min(held + 1, len(keep))
+        held = min(held + 1, cap)
         for m in range(held - 1, j, -1):
-            keep[m] = keep[m - 1]
-        keep[j] = i
+            out[at + m] = out[at + m - 1]
+        out[at + j] = i
+    return at + held
+
+
+@_compiled
+def _ranked(dist: _Floats, part: _Ints, rows: _Ints, k: int, each: bool) -> _Ints:
+    """:meth:`IvfParts.ranked`."""
+    out = np.empty(len(dist), np.int64)
+    if each:
+        at, i = 0, 0
+        while i < len(dist):
+            j = i
+            while j < len(dist) and part[j] == part[i]:
+                j += 1
+            if j < len(dist) and part[j] < part[i]:
+                raise ValueError("the candidates' parts must not descend")
+            at = _best(dist, part, rows, i, j, k, out, at)
+            i = j
+        return out[:at]
+    held = _best(dist, part, rows, 0, len(dist), k, out, 0)
     for i in range(1, held):  # stable insertion by part
-        x, j = keep[i], i
-        while j > 0 and part[keep[j - 1]] > part[x]:
-            keep[j] = keep[j - 1]
+        x, j = out[i], i
+        while j > 0 and part[out[j - 1]] > part[x]:
+            out[j] = out[j - 1]
             j -= 1
-        keep[j] = x
-    return keep
+        out[j] = x
+    return out[:held]
 
 
 class IvfParts:
@@ -598,6 +736,9 @@ class IvfParts:
             or np.any(self.start + self.size > rows[self.list_part])
         ):
             raise ValueError("list offsets past their part's rows")
+        # each list's first row and end in the parts' joint numbering (see ``base``): ascending
+        self.first_row = self.base[self.list_part] + self.start
+        self.end_row = self.first_row + self.size
         self.nprobe = np.minimum(np.array([x.nprobe for x in parts], np.int64), np.maximum(self.nlist, 1))
         self.rerank = np.array([x.rerank for x in parts], np.int64)
 
@@ -649,12 +790,10 @@ class IvfParts:
         ``offset`` such that ``step * (q8 . code) + offset`` estimates q.x for any of its rows: the query (or its
         principal components in the part's basis) times the part's per-component scales, as int8 with a step
         per part. One call for all the parts."""
-        parts = np.unique(np.asarray(parts, np.int64))
-        if len(parts) and (parts[0] < 0 or parts[-1] >= len(self._parts)):
-            raise IndexError(f"parts must be in [0, {len(self._parts)})")
+        parts = np.ascontiguousarray(parts, np.int64)  # (a part named twice is coded twice, the same)
         q8 = np.zeros((len(self._parts), self.width), np.int8)
         step, offset = np.zeros(len(self._parts), np.float64), np.zeros(len(self._parts), np.float64)
-        _codes(
+        if not _codes(
             self._proj_at,
             self._mean_at,
             self._scale_at,
@@ -665,7 +804,8 @@ class IvfParts:
             q8,
             step,
             offset,
-        )
+        ):
+            raise IndexError(f"parts must be in [0, {len(self._parts)})")
         return q8, step, offset
 
     def first_pass(
@@ -706,14 +846,74 @@ class IvfParts:
             _query(q, self._dim),
         )
 
+    def first_pass_each(
+        self,
+        q: _Floats,
+        parts: _Ints,
+        allowed: _Ints,
+        rows: _Ints,
+        nprobe: int,
+        rerank: int,
+        k: int,
+        brute_factor: float,
+        exponent: float,
+    ) -> tuple[_Ints, _Floats, _Floats, _Ints]:
+        """Each part's pool of the best rows it allows, gathered for the rerank: (part, vectors, norms, row
+        offsets), the parts in order. ``parts`` ascend, each allowing ``allowed`` rows: all of its rows, or those
+        of ``rows`` (ascending, in the joint numbering) in it. ``nprobe``, ``rerank``: 0 for each part's own.
+
+        A part allowing at most ``brute_factor`` times what its probing scans has each allowed row scored; an
+        unfiltered one probes as in :meth:`first_pass`; a filtered one probes its lists holding allowed rows,
+        nearest first, until ``nprobe`` of them and its probing's rows times the allowed share ``**
+        exponent``. Its pool (``max(rerank, k)``) is picked from its own keys (:meth:`nearest_each`), or is
+        all it holds when that fits. One call without the interpreter lock, as :meth:`first_pass`."""
+        parts = np.ascontiguousarray(parts, np.int64)
+        allowed, rows = np.ascontiguousarray(allowed, np.int64), np.ascontiguousarray(rows, np.int64)
+        if len(allowed) != len(parts):
+            raise ValueError("an allowed count for each part was expected")
+        if len(parts) and (parts[0] < 0 or parts[-1] >= len(self._parts) or np.any(parts[1:] <= parts[:-1])):
+            raise IndexError(f"parts must ascend, each in [0, {len(self._parts)})")
+        return _first_pass_each(
+            self._cent_at,
+            self._bias_at,
+            self.nlist,
+            self._first,
+            self._dim,
+            self._proj_at,
+            self._mean_at,
+            self._scale_at,
+            self._part,
+            self.width,
+            self._l2,
+            self.list_part,
+            self.first_row,
+            self.end_row,
+            self.size,
+            self.base,
+            self._vectors_at,
+            self._row_ids_at,
+            self.nprobe,
+            self.rerank,
+            parts,
+            allowed,
+            rows,
+            nprobe,
+            rerank,
+            k,
+            brute_factor,
+            exponent,
+            _query(q, self._dim),
+        )
+
     @staticmethod
-    def ranked(dist: _Floats, part: _Ints, rows: _Ints, k: int) -> _Ints:
+    def ranked(dist: _Floats, part: _Ints, rows: _Ints, k: int, *, each: bool = False) -> _Ints:
         """The indices of the ``k`` candidates first by (distance, part, row), ordered by part (stably), each
-        part's nearest first: numpy's ``lexsort`` and the steps around it in one call."""
+        part's nearest first; or (``each``) of each part's ``k`` first, the parts' candidates adjacent and in
+        ascending order. numpy's ``lexsort`` and the steps around it in one call."""
         if not len(dist) == len(part) == len(rows):
             raise ValueError("a part and a row for each distance were expected")
         dist = np.ascontiguousarray(dist, np.float32)
-        return _ranked(dist, np.ascontiguousarray(part, np.int64), np.ascontiguousarray(rows, np.int64), k)
+        return _ranked(dist, np.ascontiguousarray(part, np.int64), np.ascontiguousarray(rows, np.int64), k, each)
 
     def probes(self, q: _Floats, parts: _Ints, nprobe: int, k: int) -> _Ints:
         """The lists :meth:`first_pass` probes in ``parts`` (ascending, distinct), as ascending list numbers."""

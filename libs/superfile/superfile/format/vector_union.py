@@ -99,19 +99,7 @@ class VectorUnion:
         from superfile.format.ivf_scan import IvfParts  # numba: ~0.2 s to import, paid by a first IVF search
 
         self._kernels = IvfParts(self._lists, self.metric)
-        nlist = self._kernels.nlist
-        first = np.concatenate(([0], np.cumsum(nlist)))  # part p's lists: first[p] .. first[p + 1]
-        self._part = self._kernels.list_part
-        self._size = self._kernels.size
-        # every part's rows numbered after the earlier parts' (part p's from base[p]), and each list's first
-        # row in that numbering: ascending, so a row's list is a search of it
-        self._base = self._kernels.base
-        self._rows = np.diff(self._base)
-        self._first_row = self._base[self._part] + self._kernels.start
-        self._end_row = self._first_row + self._size
-        self._grid = np.full((len(parts), int(nlist.max(initial=0))), -1, np.int64)  # each part's lists, -1 pad
-        for p, n in enumerate(nlist.tolist()):
-            self._grid[p, :n] = np.arange(first[p], first[p] + n)
+        self._rows = np.diff(self._kernels.base)  # each part's
 
     def top(
         self,
@@ -162,25 +150,12 @@ class VectorUnion:
         parts, allowed, rows = self._allowed(allow)
         if k <= 0 or not len(parts):
             return []
-        n, nlist = self._rows[parts], self._kernels.nlist[parts]
-        count = np.minimum(nprobe, nlist) if nprobe is not None else self._kernels.nprobe[parts]
-        want = np.maximum(rerank or self._kernels.rerank[parts], k)
-        brute = allowed <= np.floor(_BRUTE_FACTOR * count * n / np.maximum(nlist, 1))  # (not filtered: every list)
-        plain, filtered = ~brute & (allowed == n), ~brute & (allowed < n)
-        probed = [self._kernels.probes(q, parts[plain], nprobe or 0, k)] if plain.any() else []
-        probed += [self._filtered_probes(q, parts[filtered], k, nprobe, allowed[filtered], rows)]
-        lists = np.sort(np.concatenate((*probed, self._grid[parts[brute]].ravel())))
-        whole = np.zeros(len(self._lists), bool)
-        whole[parts[allowed == n]] = True  # unfiltered parts: every row of their probed lists
-        scored = self._rows_of(rows, lists[lists >= 0], whole[self._part])
-        pool = np.zeros(len(self._lists), np.int64)
-        pool[parts] = want
-        # a part whose rows all fit its pool is taken whole: the query is not coded for it, its rows not scored
-        held = np.diff(np.searchsorted(scored, self._base))
-        coded = self._kernels.query_codes(q, np.flatnonzero(held > pool))
-        best = scored[self._kernels.nearest_each(*coded, scored, pool)]
-        part = np.searchsorted(self._base, best, side="right") - 1
-        return self._rerank(q, part, best - self._base[part], k)
+        part, v, norms, rows = self._kernels.first_pass_each(
+            q, parts, allowed, rows, nprobe or 0, rerank or 0, k, _BRUTE_FACTOR, _FILTER_EXPONENT
+        )
+        dist = exact_distances(v, q, norms, self.metric)
+        keep = self._kernels.ranked(dist, part, rows, k, each=True)
+        return _grouped(part[keep], rows[keep], dist[keep])
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -208,46 +183,6 @@ class VectorUnion:
         parts = np.array([p for p, m in found.items() if m > 0], np.int64)
         allowed = np.array([m for m in found.values() if m > 0], np.int64)
         return parts, allowed, rows
-
-    def _filtered_probes(
-        self, q: _Floats, parts: _Ints, k: int, nprobe: int | None, allowed: _Ints, rows: _Ints
-    ) -> _Ints:
-        """The lists :meth:`top_each` probes of filtered ``parts`` (``allowed`` rows each, ``rows`` their allowed
-        rows), ascending: each part's lists holding allowed rows, nearest first, until ``nprobe`` of them and
-        enough of its rows."""
-        if not len(parts):
-            return np.zeros(0, np.int64)
-        scores = self._kernels.route(q, parts)  # each part's own centroids, read in place
-        grid = self._grid[parts]
-        order = np.argsort(np.where(grid >= 0, scores[grid], np.inf), axis=1, kind="stable")
-        lists = np.take_along_axis(grid, order, 1)  # each part's lists, nearest first, then the pads
-        count = np.minimum(nprobe, self._kernels.nlist[parts]) if nprobe is not None else self._kernels.nprobe[parts]
-        seen = np.cumsum(np.where(lists >= 0, self._size[lists], 0), axis=1)
-        probed = seen[np.arange(len(parts)), np.maximum(count - 1, 0)]  # what unfiltered probing scans
-        target = np.maximum(k, np.ceil(probed * (allowed / np.maximum(self._rows[parts], 1)) ** _FILTER_EXPONENT))
-        held = np.searchsorted(rows, self._end_row[lists]) - np.searchsorted(rows, self._first_row[lists])
-        held[lists < 0] = 0  # allowed rows in each list
-        useful = (np.cumsum(held > 0, axis=1) < count[:, None]).sum(axis=1)
-        enough = (np.cumsum(held, axis=1) < target[:, None]).sum(axis=1)
-        keep = (np.arange(lists.shape[1])[None] <= np.maximum(useful, enough)[:, None]) & (held > 0)
-        return np.sort(lists[keep])
-
-    def _rows_of(self, rows: _Ints, lists: _Ints, whole: npt.NDArray[np.bool_]) -> _Ints:
-        """The rows to score (union numbering, ascending): every row of the ``lists`` marked ``whole``, the allowed
-        ``rows`` (ascending) of the others."""
-        from superfile.format.ivf_scan import list_rows  # imported with IvfParts already
-
-        return list_rows(rows, self._first_row, self._end_row, lists, whole)
-
-    def _rerank(self, q: _Floats, part: _Ints, pos: _Ints, k: int) -> _Hits:
-        """Exact distances of the candidates (gathered part by part), then each part's k nearest by (distance,
-        row)."""
-        v, norms, rows = self._kernels.gather(part, pos)
-        dist = exact_distances(v, q, norms, self.metric)
-        keep = np.lexsort((rows, dist, part))  # the rerank pool is small: sorting it whole is cheap
-        owner = part[keep]
-        keep = keep[np.arange(len(keep)) - np.searchsorted(owner, owner) < k]  # each part's first k
-        return _grouped(part[keep], rows[keep], dist[keep])
 
 
 def _grouped(part: _Ints, rows: _Ints, dist: _Floats) -> _Hits:

@@ -26,7 +26,6 @@ from superfile.errors import (
     UnknownColumnError,
     VersionNotFoundError,
 )
-from superfile.expressions import parse_predicate
 from superfile.manifest.log import full_history, oldest_retained
 from superfile.manifest.model import HistoryEntry, ManifestList, Pointer
 from superfile.options import TableOptions
@@ -336,13 +335,13 @@ class Supertable(Table):
             unknown = [c for c in columns if c not in snap.schema.names]
             if unknown:
                 raise UnknownColumnError(f"unknown columns {unknown}; the table has {snap.schema.names}")
-        predicate = parse_predicate(where, snap.schema) if where is not None else None
+        predicate = snap.predicate(where) if where is not None else None
         return snap.scan(columns, predicate)
 
     def count_rows(self, where: str | None = None) -> int:
         """How many rows (match ``where``); without a predicate the manifest's count, no superfile opened."""
         snap = self._current()
-        return snap.count(parse_predicate(where, snap.schema) if where is not None else None)
+        return snap.count(snap.predicate(where) if where is not None else None)
 
     # -- search -------------------------------------------------------------------
     def search(self, request: SearchRequest) -> pa.Table:

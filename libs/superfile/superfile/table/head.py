@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from superfile.errors import InvalidInputError, UnknownColumnError
-from superfile.expressions import parse_predicate
 from superfile.manifest.model import SuperfileEntry
 from superfile.pools import query_threads
 from superfile.table.snapshot import Snapshot
@@ -27,7 +26,7 @@ def head(snap: Snapshot, limit: int, columns: Sequence[str] | None = None, where
     unknown = [c for c in names if c not in snap.schema.names]
     if unknown:
         raise UnknownColumnError(f"unknown columns {unknown}; the table has {snap.schema.names}")
-    predicate = parse_predicate(where, snap.schema) if where is not None else None
+    predicate = snap.predicate(where) if where is not None else None
     entries = sorted(snap.entries(predicate), key=lambda e: (e.id_min, e.path))
     if not entries:
         return snap.scan(names, predicate)  # no superfile to read: the typed empty result

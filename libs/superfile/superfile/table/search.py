@@ -12,14 +12,12 @@ columns. Result schemas carry per-query counts in their metadata
 from __future__ import annotations
 
 import array
-import hashlib
 import itertools
 import logging
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -864,17 +862,12 @@ class Searcher:
             # matching_offsets leaves out this snapshot's deleted rows, so the deletion vector is part of
             # the key: an older version (as_of, restore) has fewer deletes and must not reuse the entry
             dv = e.deletes.path if e.deletes is not None else ""
-            key = "\x1f".join([file_key, dv, "where", self._schema_key, str(where_text)])
+            key = "\x1f".join([file_key, dv, "where", self.snap.schema_key, str(where_text)])
             matched, _ = _filter_cache.get_or_load(
                 key, lambda: pyroaring.FrozenBitMap(_bitmap(self.snap.matching_offsets(e, where)))
             )
             allow = matched if allow is None else (matched & allow)
         return allow
-
-    @cached_property
-    def _schema_key(self) -> str:
-        """The table schema a ``where`` was resolved against (a changed schema must not reuse old entries)."""
-        return hashlib.blake2b(self.snap.schema.to_string().encode(), digest_size=8).hexdigest()
 
     def _vector_plan(
         self, column: str, vector: Any, k: int, text_filter: Mapping[str, Any] | None, where: str | None
@@ -884,7 +877,7 @@ class Searcher:
         self._vector_column(column)
         k = _check_k(k)
         q = self._query_vector(column, vector)
-        predicate = parse_predicate(where, self.snap.schema) if where is not None else None
+        predicate = self.snap.predicate(where) if where is not None else None
         tf: dict[str, Any] | None = None
         if text_filter is not None:
             if not isinstance(text_filter, Mapping) or not {"column", "query"} <= set(text_filter):

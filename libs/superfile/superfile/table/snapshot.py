@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyroaring
 
-from superfile._lru import BudgetLRU
+from superfile._lru import LRU, BudgetLRU
 from superfile.errors import CorruptSuperfileError, InvalidOptionError, ObjectNotFoundError, SuperfileMissingError
 from superfile.evolution import plain
-from superfile.expressions import Predicate
+from superfile.expressions import Predicate, parse_predicate
 from superfile.format import SuperfileReader, archive
 from superfile.format.reader import (
     DEFAULT_CACHE_DIR,
@@ -57,6 +57,7 @@ R = TypeVar("R")
 
 
 log = logging.getLogger(__name__)
+_predicates = LRU(256)  # (schema key, where text) -> its Predicate (immutable, shared between threads)
 
 
 INDEXED_FRACTION = 0.1  # read only a superfile's index candidates when they are at most this share of its rows
@@ -512,6 +513,17 @@ class Snapshot:
     def plain_schema(self) -> pa.Schema:
         """The schema results carry: the table's, without its field ids and defaults."""
         return plain(self.schema)
+
+    @cached_property
+    def schema_key(self) -> str:
+        """Names this snapshot's schema in caches of what was resolved against it (a changed schema must not
+        reuse their entries)."""
+        return hashlib.blake2b(self.schema.to_string().encode(), digest_size=8).hexdigest()
+
+    def predicate(self, where: str) -> Predicate:
+        """``where`` parsed and type-checked against this snapshot's schema, kept for the next search with the
+        same filter: parsing costs ~65 us, a tenth of a selective filtered search (bad input raises each time)."""
+        return _predicates.get_or_load((self.schema_key, where), lambda: parse_predicate(where, self.schema))[0]
 
     def matching_offsets(self, entry: SuperfileEntry, where: Predicate | None) -> np.ndarray:
         """Row offsets of live rows of one superfile that satisfy ``where``.
