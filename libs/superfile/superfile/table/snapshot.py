@@ -481,7 +481,18 @@ class Snapshot:
         return [p for p in self.manifest.parts if p.live_rows and (where is None or where.might_match(p.stats))]
 
     def entries(self, where: Predicate | None = None) -> list[SuperfileEntry]:
-        """Superfile entries the predicate may match: whole parts are pruned first, loading only the rest."""
+        """Superfile entries the predicate may match: whole parts are pruned first, loading only the rest. Kept
+        per predicate: checking 16 superfiles' statistics cost ~0.1 ms of a 0.5 ms filtered search."""
+        if where is None:
+            return self._entries(None)
+        return list(self._pruned.get_or_load(str(where), lambda: self._entries(where))[0])
+
+    @cached_property
+    def _pruned(self) -> LRU:
+        """The entries each recent predicate may match (its text: a snapshot's schema is fixed)."""
+        return LRU(64)
+
+    def _entries(self, where: Predicate | None) -> list[SuperfileEntry]:
         out: list[SuperfileEntry] = []
         text = text_pruner(where, self.manifest.options.fts_columns) if where is not None else None
         for part_entries in self.map(lambda p: self.files.manifests.load_part(p, self.schema), self.parts(where)):
