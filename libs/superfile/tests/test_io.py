@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import boto3
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -321,6 +322,19 @@ def test_local_etag_is_content_md5(tmp_path: Path) -> None:
     store = from_uri(f"file://{tmp_path}")
     assert store.write("k", b"abc") == "900150983cd24fb0d6963f7d28e17f72"
     assert store.read_with_etag("k")[1] == "900150983cd24fb0d6963f7d28e17f72"
+
+
+def test_local_reads_whole_objects_of_every_size(tmp_path: Path) -> None:
+    """A small object is read in one call, a larger one whole into a buffer: every byte either way, at the sizes
+    around the switch; a directory is no object."""
+    store = from_uri(f"file://{tmp_path}")
+    rng = np.random.default_rng(9)
+    for size in (0, 1, 64 * 1024 - 1, 64 * 1024, 64 * 1024 + 1, 3 * 1024 * 1024 + 7):
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        store.write(f"o/{size}", data)
+        assert store.read(f"o/{size}") == data
+    with pytest.raises(ObjectNotFoundError):
+        store.read("o")
 
 
 def test_local_options(tmp_path: Path) -> None:
