@@ -170,6 +170,26 @@ def test_repeated_filters_follow_deletes_and_appends() -> None:
     assert t.vector_search("v", q, k=1, projection=["n"], **filters[0]).column("n").to_pylist() == [n]
 
 
+def test_a_where_is_resolved_against_each_snapshots_schema_and_a_bad_one_fails_every_time() -> None:
+    """A snapshot keeps the filters it parsed and the superfiles they keep; a new schema resolves the same text
+    again, and a filter that does not resolve is not kept."""
+    rng = np.random.default_rng(4)
+    vectors = rng.standard_normal((200, 4)).astype(np.float32)
+    table = pa.table({"n": np.arange(200), "v": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 4)})
+    t = fresh("wschema").create_table("t", table.schema, vector_columns={"v": {"dim": 4}}, max_rows_per_superfile=50)
+    t.append(table)
+    q = vectors[7]
+    for _ in range(2):
+        with pytest.raises(UnknownColumnError):
+            t.vector_search("v", q, k=3, where="m = 1")
+    assert t.vector_search("v", q, k=3, where="n < 100", projection=["n"]).column("n").to_pylist()[0] == 7
+    t.add_columns([pa.field("m", pa.int64(), nullable=False)], defaults={"m": 1})
+    assert len(t.vector_search("v", q, k=3, where="m = 1")) == 3
+    assert len(t.vector_search("v", q, k=3, where="m = 2")) == 0
+    t.append({"n": [200], "m": [2], "v": [(q * 3).tolist()]})  # a new superfile the kept superfiles lack
+    assert t.vector_search("v", q, k=3, where="m = 2", projection=["n"]).column("n").to_pylist() == [200]
+
+
 @pytest.fixture(scope="module")
 def glove(tmp_path_factory: pytest.TempPathFactory) -> tuple[superfile.Supertable, pa.Table, np.ndarray, np.ndarray]:
     """GloVe 6B 50-d (angular, little cluster structure: IVF's hard case): 399,000 rows on file:// as

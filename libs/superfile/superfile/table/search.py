@@ -246,6 +246,7 @@ class Searcher:
         self.total = 0
         self.searched = 0
         self.spread = True  # whether this search may spread its kernels over threads (``pools.searching``)
+        self._memos: dict[Any, dict[Any, Any]] = {}  # the snapshot's memos this search used (``Snapshot.memo``)
 
     @staticmethod
     def of(snapshot: Snapshot) -> Searcher:
@@ -847,7 +848,27 @@ class Searcher:
         where: Predicate | None,
         where_text: str | None,
     ) -> pyroaring.AbstractBitMap | None:
-        """Live rows of ``e`` that pass both filters; each filter's rows come from ``_filter_cache``."""
+        """Live rows of ``e`` that pass both filters, kept with the snapshot (a filtered search over 16 superfiles
+        looked each up in ``_filter_cache``, ~3 us apiece, and recomputed its live rows); each filter's rows
+        come from ``_filter_cache``, which later snapshots share."""
+        filters = None if text_filter is None else (text_filter["column"], text_filter["mode"], *text_filter["terms"])
+        key = ("allowed", filters, where_text)
+        memo = self._memos.get(key)
+        if memo is None:  # once a search: the snapshot's memo is an LRU lookup under a lock
+            memo = self._memos[key] = self.snap.memo(key)
+        if e.path in memo:
+            allow: pyroaring.AbstractBitMap | None = memo[e.path]
+            return allow
+        allow = memo[e.path] = self._filtered(e, text_filter, where, where_text)
+        return allow
+
+    def _filtered(
+        self,
+        e: SuperfileEntry,
+        text_filter: Mapping[str, Any] | None,
+        where: Predicate | None,
+        where_text: str | None,
+    ) -> pyroaring.AbstractBitMap | None:
         allow = self._live(e)
         file_key = f"{self.snap.files.storage.uri}#{e.path}"
         if text_filter is not None:

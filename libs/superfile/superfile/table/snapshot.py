@@ -10,7 +10,7 @@ import os
 import resource
 import threading
 import weakref
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Protocol, TypeVar
@@ -485,11 +485,18 @@ class Snapshot:
         per predicate: checking 16 superfiles' statistics cost ~0.1 ms of a 0.5 ms filtered search."""
         if where is None:
             return self._entries(None)
-        return list(self._pruned.get_or_load(str(where), lambda: self._entries(where))[0])
+        return list(self._memos.get_or_load(("entries", str(where)), lambda: self._entries(where))[0])
+
+    def memo(self, key: Hashable) -> dict[Any, Any]:
+        """A dict for values derived from this snapshot under ``key`` (a search's filter: each superfile's allowed
+        rows), kept for the recent keys and shared by the snapshot's searches: a dict's reads and writes are
+        atomic, and a value two searches compute at once is the same."""
+        memo: dict[Any, Any] = self._memos.get_or_load(("memo", key), dict)[0]
+        return memo
 
     @cached_property
-    def _pruned(self) -> LRU:
-        """The entries each recent predicate may match (its text: a snapshot's schema is fixed)."""
+    def _memos(self) -> LRU:
+        """What recent reads resolved against this snapshot (by predicate text: its schema is fixed)."""
         return LRU(64)
 
     def _entries(self, where: Predicate | None) -> list[SuperfileEntry]:
