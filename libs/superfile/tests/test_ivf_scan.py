@@ -374,3 +374,19 @@ def test_the_ranked_pool_is_lexsorts_top_k_by_part() -> None:
         IvfParts.ranked(np.zeros(2, np.float32), np.array([1, 0]), np.zeros(2, np.int64), 1, each=True)
     with pytest.raises(ValueError, match="a part and a row"):
         IvfParts.ranked(np.zeros(2, np.float32), np.zeros(1, np.int64), np.zeros(2, np.int64), 1)
+
+
+def test_the_nearest_lists_at_a_tied_cut_are_the_lower_ones() -> None:
+    """A part's lists are picked by a partition: of lists scored equal at the cut, the lower ones, as a stable
+    sort would pick; widened to hold k rows in nearest order."""
+    scores = np.array([3, 1, 2, 2, 2, 0, 5, 2], np.float32)
+    one, first, out = np.array([0]), np.array([0, 8]), np.empty(8, np.int64)
+
+    def chosen(count: int, k: int, size: np.ndarray) -> list[int]:
+        n = ivf_scan._choose(scores, one, np.array([count]), k, np.array([8]), first, size, np.array([size.sum()]), out)
+        return out[:n].tolist()
+
+    tens = np.full(8, 10, np.int64)
+    for count, want in ((1, [5]), (3, [1, 2, 5]), (4, [1, 2, 3, 5]), (6, [1, 2, 3, 4, 5, 7]), (8, list(range(8)))):
+        assert chosen(count, 1, tens) == want
+    assert chosen(1, 3, np.ones(8, np.int64)) == [1, 2, 5]  # widened: nearest first until 3 rows
