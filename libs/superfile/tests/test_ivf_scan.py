@@ -24,6 +24,104 @@ from superfile.format.vector_sections import IvfLists
 from test_vector_index import clustered, low_rank
 
 
+class Steps(IvfParts):
+    """The kernels' steps one by one, as the fused calls (``first_pass``, ``first_pass_each``) run them inside:
+    each checked here against numpy, and the fused calls against them."""
+
+    def gather(self, part: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The vectors, norms and row offsets at positions ``pos`` of parts ``part``, copied out in one call: a
+        rerank pool over 16 parts gathered part by part made ~100 numpy calls, each releasing the interpreter
+        lock (a hand-off to another searching thread)."""
+        v = np.empty((len(pos), self._dim), np.float32)
+        norms = np.empty(len(pos), np.float32)
+        rows = np.empty(len(pos), np.int64)
+        part, pos = np.ascontiguousarray(part, np.int64), np.ascontiguousarray(pos, np.int64)
+        if not ivf_scan._gather(self._vectors_at, self._part, self._row_ids_at, self._dim, part, pos, v, norms, rows):
+            raise IndexError("a position out of its part's rows")
+        return v, norms, rows
+
+    def route(self, q: np.ndarray, parts: np.ndarray) -> np.ndarray:
+        """``bias - 2 c.q`` of every list of ``parts`` (smaller is nearer), in one array numbering the lists of
+        all the parts in order (part p's first at the sum of the earlier parts' list counts); other parts' 0."""
+        out = np.zeros(self.lists, np.float32)
+        parts = np.asarray(parts, np.int64)
+        if len(parts) and (parts.min() < 0 or parts.max() >= len(self._parts)):
+            raise IndexError(f"parts must be in [0, {len(self._parts)})")
+        ivf_scan._route(
+            self._cent_at, self._bias_at, self.nlist, self._dim, parts, self._first, ivf_scan._query(q, self._dim), out
+        )
+        return out
+
+    def query_codes(self, q: np.ndarray, parts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The query coded for each of ``parts`` as its codes are: ``q8`` (one row per part, the widest code's
+        columns, a part's first ``code dims`` used; other parts' rows 0), and per part the ``step`` and
+        ``offset`` such that ``step * (q8 . code) + offset`` estimates q.x for any of its rows: the query (or its
+        principal components in the part's basis) times the part's per-component scales, as int8 with a step
+        per part. One call for all the parts."""
+        parts = np.ascontiguousarray(parts, np.int64)  # (a part named twice is coded twice, the same)
+        if len(parts) and (parts.min() < 0 or parts.max() >= len(self._parts)):
+            raise IndexError(f"parts must be in [0, {len(self._parts)})")
+        q8 = np.zeros((len(self._parts), self.width), np.int8)
+        step, offset = np.zeros(len(self._parts), np.float64), np.zeros(len(self._parts), np.float64)
+        for p in parts.tolist():
+            ivf_scan._code(
+                self._proj_at,
+                self._mean_at,
+                self._scale_at,
+                self._dims,
+                self._dim,
+                p,
+                ivf_scan._query(q, self._dim),
+                q8,
+                step,
+                offset,
+            )
+        return q8, step, offset
+
+    def probes(self, q: np.ndarray, parts: np.ndarray, nprobe: int, k: int) -> np.ndarray:
+        """The lists :meth:`first_pass` probes in ``parts`` (ascending, distinct), as ascending list numbers."""
+        parts = np.ascontiguousarray(parts, np.int64)
+        scores = self.route(q, parts)
+        count = np.minimum(nprobe, self.nlist[parts]) if nprobe else self.nprobe[parts]
+        out = np.empty(self.lists, np.int64)
+        return out[
+            : ivf_scan._choose(scores, parts, count, k, self.nlist, self._first, self.size, self._part[:, 2], out)
+        ]
+
+    def nearest(
+        self, q8: np.ndarray, step: np.ndarray, offset: np.ndarray, runs: np.ndarray, count: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``count`` rows of ``runs`` (rows of part, first position, length) of the smallest keys, each row
+        by its index in run order, ties at the cut to the lower index, kept in a heap as the rows are scored: the
+        indices ascending, and their keys."""
+        self._check(q8, step, offset)
+        heap_key, heap_at = np.empty(max(count, 0), np.float64), np.empty(max(count, 0), np.int64)
+        size = ivf_scan._nearest_runs(self._part, q8, step, offset, self._l2, runs, heap_key, heap_at)
+        order = np.argsort(heap_at[:size])
+        return heap_at[:size][order], heap_key[:size][order]
+
+    def nearest_each(
+        self, q8: np.ndarray, step: np.ndarray, offset: np.ndarray, rows: np.ndarray, count: np.ndarray
+    ) -> np.ndarray:
+        """For each part p, the indices into ``rows`` of its ``count[p]`` rows of the smallest keys, ties at the
+        cut to the lower index, ascending. ``rows`` ascend in the parts' joint numbering (part p's rows follow
+        the earlier parts': :attr:`base`). A part's pool is picked from its keys: a heap per part, for pools of
+        ~13% of the rows (a filter's), cost ~0.8 ms more over 25K rows, its sift-downs branching unpredictably.
+        A part whose rows all fit its pool is not scored."""
+        self._check(q8, step, offset)
+        want = np.asarray(count, np.int64)
+        if want.shape != (len(self._parts),) or np.any(want < 0):
+            raise ValueError(f"a count for each of {len(self._parts)} parts was expected")
+        keys, out = np.empty(len(rows), np.float64), np.empty(min(len(rows), int(want.sum())), np.int64)
+        return out[: ivf_scan._nearest_each(self._part, q8, step, offset, self._l2, rows, self.base, want, keys, out)]
+
+    def _check(self, q8: np.ndarray, step: np.ndarray, offset: np.ndarray) -> None:
+        # the kernels check positions, not the query: a wrong shape would read past it
+        parts = len(self._parts)
+        if q8.shape != (parts, self.width) or step.shape != (parts,) or offset.shape != (parts,):
+            raise ValueError(f"a query coded for {parts} parts of width {self.width} was expected")
+
+
 def lowest(keys: np.ndarray, count: int) -> np.ndarray:
     """The indices of the ``count`` smallest keys, ties to the lower index, ascending: a full sort's answer."""
     return np.sort(np.lexsort((np.arange(len(keys)), keys))[: max(count, 0)])
@@ -37,7 +135,7 @@ def lists_of(x: np.ndarray, metric: str, reduce: bool) -> IvfLists:
 
 def coded(lists: IvfLists, q: np.ndarray) -> tuple[np.ndarray, float, float]:
     """The query coded for one index as its own search codes it: (q8 row, step, offset)."""
-    q8, step, offset = IvfParts([lists], "cosine").query_codes(q, np.zeros(1, np.int64))
+    q8, step, offset = Steps([lists], "cosine").query_codes(q, np.zeros(1, np.int64))
     return q8[0], float(step[0]), float(offset[0])
 
 
@@ -69,7 +167,7 @@ def test_keys_are_numpys_bit_for_bit_over_runs_of_several_parts_and_over_single_
     mixed: tuple[str, list[IvfLists]],
 ) -> None:
     metric, parts = mixed
-    scan = IvfParts(parts, metric)
+    scan = Steps(parts, metric)
     assert scan.width == 128  # part 1 keeps full codes; the others are of fewer components
     rng = np.random.default_rng(0)
     for q in low_rank(4, 128, 16, seed=9):
@@ -89,7 +187,7 @@ def test_the_nearest_are_the_smallest_keys_ties_to_the_lower_index(
     """The heap kept while scoring holds what a full sort of the keys would pick, also where many
     keys tie: a part searched twice in one call gives every row two equal keys."""
     metric, parts = mixed
-    scan = IvfParts(parts, metric)
+    scan = Steps(parts, metric)
     runs = np.array([[0, 0, 3_000], [2, 500, 1_000], [0, 0, 3_000], [1, 10, 7]], np.int64)
     for q in low_rank(3, 128, 16, seed=13):
         coded_q = scan.query_codes(q, np.arange(3))
@@ -103,7 +201,7 @@ def test_a_pool_per_part_holds_each_parts_own_nearest(mixed: tuple[str, list[Ivf
     """``nearest_each``: each part's rows are chosen among themselves (ties to the lower index), as if each part
     were searched alone; a part whose rows all fit its pool is taken whole; rows must ascend."""
     metric, parts = mixed
-    scan = IvfParts(parts, metric)
+    scan = Steps(parts, metric)
     assert scan.base.tolist() == [0, 3_000, 6_000, 9_000]
     rng = np.random.default_rng(19)
     rows = np.sort(rng.choice(9_000, 4_000, replace=False))
@@ -170,7 +268,7 @@ def test_a_part_is_routed_and_coded_among_others_as_alone_and_as_numpy_would(
     """Bit for bit the same scores and codes whichever parts a query goes to (so a union probes the lists and
     scores the rows a part's own search does); within float32 rounding of numpy's products."""
     metric, parts = mixed
-    union = IvfParts(parts, metric)
+    union = Steps(parts, metric)
     first = np.concatenate(([0], np.cumsum([len(p.bias) for p in parts])))
     for q in low_rank(4, 128, 16, seed=11):
         scores = union.route(q, np.array([2, 0]))
@@ -179,7 +277,7 @@ def test_a_part_is_routed_and_coded_among_others_as_alone_and_as_numpy_would(
         assert step[1] == 0.0 and not q8[1].any()
         for p in (0, 2):
             lists = parts[p]
-            alone = IvfParts([lists], metric)
+            alone = Steps([lists], metric)
             own = alone.route(q, np.zeros(1, np.int64))
             assert np.array_equal(scores[first[p] : first[p + 1]], own)
             np.testing.assert_allclose(own, lists.bias - 2.0 * (lists.centroids @ q), rtol=1e-5, atol=1e-5)
@@ -196,7 +294,7 @@ def test_a_part_is_routed_and_coded_among_others_as_alone_and_as_numpy_would(
 
 def test_rows_outside_a_part_and_a_query_of_the_wrong_shape_are_refused() -> None:
     part = lists_of(clustered(1_000, 8), "l2", reduce=False)
-    scan = IvfParts([part], "l2")
+    scan = Steps([part], "l2")
     q8, step, offset = np.zeros((1, 8), np.int8), np.ones(1), np.zeros(1)
     for runs in ([[0, 990, 11]], [[0, -1, 2]], [[1, 0, 5]], [[-1, 0, 1]], [[0, 1_000, 1]]):
         with pytest.raises(IndexError):
@@ -210,7 +308,7 @@ def test_a_scan_lets_other_threads_run() -> None:
     """The whole first pass is one call without the interpreter lock: a thread running Python meanwhile is
     never held up for long (were the call to hold the lock, that thread would stop for the whole call)."""
     part = lists_of(clustered(20_000, 192, centers=20), "cosine", reduce=False)
-    scan = IvfParts([part], "cosine")
+    scan = Steps([part], "cosine")
     q8, step, offset = scan.query_codes(part.vectors[0], np.zeros(1, np.int64))
     scan.nearest(q8, step, offset, np.array([[0, 0, 1]]), 10)  # compiled (or loaded) first
     runs = np.array([[0, 0, 20_000]] * 600, np.int64)  # 12M rows: ~0.2 s (and 96 MB of keys)
@@ -244,21 +342,21 @@ from superfile.format import ivf_scan
 from superfile.format.vector_index import VectorIndex, build_vector_index
 x = np.random.default_rng(0).standard_normal((500, 8)).astype(np.float32)
 lists = VectorIndex.from_buffer(build_vector_index(x, "l2")).ivf_lists
-scan = ivf_scan.IvfParts([lists], "l2")
-_, keys = scan.nearest(*scan.query_codes(x[3], np.zeros(1, np.int64)), np.array([[0, 0, 500]]), 500)
-print(type(ivf_scan._nearest_runs._cache).__name__, keys.tobytes().hex())
+part, v, norms, rows = ivf_scan.IvfParts([lists], "l2").first_pass(x[3], np.zeros(1, np.int64), 0, 10, 500)
+print(type(ivf_scan._first_pass._cache).__name__, rows.tobytes().hex())
 """
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True)
-    cache, keys = out.stdout.split()
+    cache, rows = out.stdout.split()
     x = np.random.default_rng(0).standard_normal((500, 8)).astype(np.float32)
     lists = lists_of(x, "l2", reduce=False)
     assert cache == "NullCache"
-    assert keys == expected_keys(lists, x[3], np.arange(500), "l2").tobytes().hex()
+    assert rows == IvfParts([lists], "l2").first_pass(x[3], np.zeros(1, np.int64), 0, 10, 500)[3].tobytes().hex()
+    assert len(rows) == 500 * 16  # every row (500 fit the pool), as int64
 
 
 def test_a_gather_copies_each_parts_rows_as_numpy_indexing_does(mixed: tuple[str, list[IvfLists]]) -> None:
     metric, parts = mixed
-    scan = IvfParts(parts, metric)
+    scan = Steps(parts, metric)
     rng = np.random.default_rng(4)
     part = np.sort(rng.integers(0, len(parts), 500))
     pos = np.array([rng.integers(0, len(parts[p].row_ids)) for p in part.tolist()], np.int64)
@@ -276,7 +374,7 @@ def test_allowed_positions_are_each_parts_row_positions_ascending(mixed: tuple[s
     """Per part, the allowed row offsets (past its rows dropped) mapped to positions, sorted, numbered after the
     earlier parts; a part allowing every row or none is counted, not listed."""
     metric, parts = mixed
-    scan = IvfParts(parts, metric)
+    scan = Steps(parts, metric)
     rng = np.random.default_rng(5)
     n = [len(x.row_ids) for x in parts]
     allowed = [
@@ -313,7 +411,7 @@ def nearest_lists(scores: np.ndarray, sizes: np.ndarray, count: int, k: int, row
 
 def test_probes_are_each_parts_nearest_lists_widened_to_hold_k_rows(mixed: tuple[str, list[IvfLists]]) -> None:
     metric, parts = mixed
-    scan = IvfParts(parts, metric)
+    scan = Steps(parts, metric)
     first = np.concatenate(([0], np.cumsum([len(p.bias) for p in parts])))
     for q in low_rank(3, 128, 16, seed=12):
         scores = scan.route(q, np.arange(len(parts)))
@@ -336,7 +434,7 @@ def test_a_first_pass_is_the_probed_rows_best_keys_gathered(mixed: tuple[str, li
     """One call gives what the steps give one by one: the probed lists' runs, the query coded, the heap's best
     rows (ties to the lower index) located in their parts and gathered."""
     metric, parts = mixed
-    scan = IvfParts(parts, metric)
+    scan = Steps(parts, metric)
     for q in low_rank(3, 128, 16, seed=13):
         for chosen, nprobe, want in (([0, 1, 2], 2, 40), ([1], 0, 7), ([0, 2], 50, 5_000)):
             lists = scan.probes(q, np.array(chosen), nprobe, 10)
@@ -364,16 +462,16 @@ def test_the_ranked_pool_is_lexsorts_top_k_by_part() -> None:
         rows = rng.permutation(n).astype(np.int64)
         keep = np.lexsort((rows, part, dist))[:k]
         keep = keep[np.argsort(part[keep], kind="stable")]
-        assert IvfParts.ranked(dist, part, rows, k).tolist() == keep.tolist()
+        assert Steps.ranked(dist, part, rows, k).tolist() == keep.tolist()
         grouped = np.argsort(part, kind="stable")  # each=True: a part's candidates adjacent, parts ascending
         dist, part, rows = dist[grouped], part[grouped], rows[grouped]
         keep = np.lexsort((rows, dist, part))
         keep = keep[np.arange(len(keep)) - np.searchsorted(part[keep], part[keep]) < k]  # each part's first k
-        assert IvfParts.ranked(dist, part, rows, k, each=True).tolist() == keep.tolist()
+        assert Steps.ranked(dist, part, rows, k, each=True).tolist() == keep.tolist()
     with pytest.raises(ValueError, match="must not descend"):
-        IvfParts.ranked(np.zeros(2, np.float32), np.array([1, 0]), np.zeros(2, np.int64), 1, each=True)
+        Steps.ranked(np.zeros(2, np.float32), np.array([1, 0]), np.zeros(2, np.int64), 1, each=True)
     with pytest.raises(ValueError, match="a part and a row"):
-        IvfParts.ranked(np.zeros(2, np.float32), np.zeros(1, np.int64), np.zeros(2, np.int64), 1)
+        Steps.ranked(np.zeros(2, np.float32), np.zeros(1, np.int64), np.zeros(2, np.int64), 1)
 
 
 def test_the_nearest_lists_at_a_tied_cut_are_the_lower_ones() -> None:

@@ -8,15 +8,16 @@ one call, the lock released throughout: the two threads then answered 1.76x what
 1.24x what it did before, on the same 250K-row table. Routing (each part's centroids against the query) and
 the projection of the query into each part's principal components were a BLAS call per part and per step,
 with Python around each; they are compiled too. The first pass keeps the best rows of the whole search
-in a heap as it scores them, or picks each part's best from its keys (:meth:`IvfParts.nearest`).
+in a heap as it scores them (``_nearest_runs``), or picks each part's best from its keys (``_nearest_each``).
 
-An unfiltered search runs from routing to its gathered rerank pool in one call (:meth:`IvfParts.first_pass`):
-as separate steps, ~40 numpy calls around them each let the lock go for a few microseconds, and with a
-second thread searching each was a hand-off; two threads answered 1.25x one at nprobe 8, and 1.7x since.
+A search runs from routing to its gathered rerank pool in one call (:meth:`IvfParts.first_pass`, and
+:meth:`IvfParts.first_pass_each` for allowed rows per part): as separate steps, ~40 numpy calls around
+the kernels each let the lock go for a few microseconds, and with a second thread searching each was a
+hand-off; two threads answered 1.10-1.29x one at 250K rows, and 1.61-1.74x since.
 
 A row's key is ``-(step * (q8 . code) + offset)``, or ``|x|^2 - 2 (step * (q8 . code) + offset)`` under l2:
 an estimate of its distance to the query, up to a term the same for every row, that compares across parts
-(each has its own code scales and basis: :meth:`IvfParts.query_codes`). The dot product is exact in
+(each has its own code scales and basis: ``_code``). The dot product is exact in
 integers, the rest is float64 in this order. Every part is routed, coded and scored by the same code
 whichever parts it is searched with, so a row gets the same key from a union of superfiles as from its own
 index, and a query probes the same lists.
@@ -363,9 +364,12 @@ def _code(
     step: _Keys,
     offset: _Keys,
 ) -> None:
-    """The query coded for part ``p`` as its codes are (:meth:`IvfParts.query_codes`), into row ``p`` of ``q8``,
-    ``step`` and ``offset``. Float32 steps as numpy takes them: a quotient of float32s is rounded back to
-    float32 (numba divides in float64; rounding that is exact) before it is rounded to an integer."""
+    """The query coded for part ``p`` as its codes are, into row ``p`` of ``q8`` (its first ``dims[p]``
+    columns, the rest 0), ``step`` and ``offset``, such that ``step * (q8 . code) + offset`` estimates q.x for
+    any of its rows: the query (or its principal components in the part's basis) times the part's
+    per-component scales, as int8 with a step per part. Float32 steps as numpy takes them: a quotient of
+    float32s is rounded back to float32 (numba divides in float64; rounding that is exact) before it is
+    rounded to an integer."""
     n = dims[p]
     scale = numba.carray(_float32_at(scale_at[p]), (n,))
     if proj_at[p] != 0:  # the query's principal components in the part's own basis
@@ -386,28 +390,6 @@ def _code(
     for c in range(n, q8.shape[1]):
         q8[p, c] = 0
     step[p] = s
-
-
-@_compiled
-def _codes(
-    proj_at: _Ints,
-    mean_at: _Ints,
-    scale_at: _Ints,
-    dims: _Ints,
-    dim: int,
-    parts: _Ints,
-    q: _Floats,
-    q8: npt.NDArray[np.int8],
-    step: _Keys,
-    offset: _Keys,
-) -> bool:
-    """:func:`_code` for each of ``parts``; False (nothing coded) if one is not a part."""
-    for p in parts:
-        if p < 0 or p >= len(dims):
-            return False
-    for p in parts:
-        _code(proj_at, mean_at, scale_at, dims, dim, p, q, q8, step, offset)
-    return True
 
 
 @_compiled
@@ -765,18 +747,6 @@ class IvfParts:
         """The lists of all the parts: the length of :meth:`route`'s scores."""
         return int(self._first[-1])
 
-    def gather(self, part: _Ints, pos: _Ints) -> tuple[_Floats, _Floats, _Ints]:
-        """The vectors, norms and row offsets at positions ``pos`` of parts ``part``, copied out in one call: a
-        rerank pool over 16 parts gathered part by part made ~100 numpy calls, each releasing the interpreter
-        lock (a hand-off to another searching thread)."""
-        v = np.empty((len(pos), self._dim), np.float32)
-        norms = np.empty(len(pos), np.float32)
-        rows = np.empty(len(pos), np.int64)
-        part, pos = np.ascontiguousarray(part, np.int64), np.ascontiguousarray(pos, np.int64)
-        if not _gather(self._vectors_at, self._part, self._row_ids_at, self._dim, part, pos, v, norms, rows):
-            raise IndexError("a position out of its part's rows")
-        return v, norms, rows
-
     def positions(self, parts: _Ints, ids: npt.NDArray[np.uint32], ends: _Ints) -> tuple[_Ints, _Ints]:
         """For each of ``parts``, its allowed row offsets ``ids[ends[i - 1]:ends[i]]`` (ascending; those past its
         rows dropped): how many it allows, and, of the parts allowing some rows but not all, the rows'
@@ -791,40 +761,6 @@ class IvfParts:
         if filled < 0:
             raise IndexError("a part out of the union, or ends out of the offsets")
         return counts, rows[:filled]
-
-    def route(self, q: _Floats, parts: _Ints) -> _Floats:
-        """``bias - 2 c.q`` of every list of ``parts`` (smaller is nearer), in one array numbering the lists of
-        all the parts in order (part p's first at the sum of the earlier parts' list counts); other parts' 0."""
-        out = np.zeros(self.lists, np.float32)
-        parts = np.asarray(parts, np.int64)
-        if len(parts) and (parts.min() < 0 or parts.max() >= len(self._parts)):
-            raise IndexError(f"parts must be in [0, {len(self._parts)})")
-        _route(self._cent_at, self._bias_at, self.nlist, self._dim, parts, self._first, _query(q, self._dim), out)
-        return out
-
-    def query_codes(self, q: _Floats, parts: _Ints) -> tuple[npt.NDArray[np.int8], _Keys, _Keys]:
-        """The query coded for each of ``parts`` as its codes are: ``q8`` (one row per part, the widest code's
-        columns, a part's first ``code dims`` used; other parts' rows 0), and per part the ``step`` and
-        ``offset`` such that ``step * (q8 . code) + offset`` estimates q.x for any of its rows: the query (or its
-        principal components in the part's basis) times the part's per-component scales, as int8 with a step
-        per part. One call for all the parts."""
-        parts = np.ascontiguousarray(parts, np.int64)  # (a part named twice is coded twice, the same)
-        q8 = np.zeros((len(self._parts), self.width), np.int8)
-        step, offset = np.zeros(len(self._parts), np.float64), np.zeros(len(self._parts), np.float64)
-        if not _codes(
-            self._proj_at,
-            self._mean_at,
-            self._scale_at,
-            self._dims,
-            self._dim,
-            parts,
-            _query(q, self._dim),
-            q8,
-            step,
-            offset,
-        ):
-            raise IndexError(f"parts must be in [0, {len(self._parts)})")
-        return q8, step, offset
 
     def first_pass(
         self, q: _Floats, parts: _Ints, nprobe: int, k: int, want: int
@@ -883,7 +819,7 @@ class IvfParts:
         A part allowing at most ``brute_factor`` times what its probing scans has each allowed row scored; an
         unfiltered one probes as in :meth:`first_pass`; a filtered one probes its lists holding allowed rows,
         nearest first, until ``nprobe`` of them and its probing's rows times the allowed share ``**
-        exponent``. Its pool (``max(rerank, k)``) is picked from its own keys (:meth:`nearest_each`), or is
+        exponent``. Its pool (``max(rerank, k)``) is picked from its own keys (``_nearest_each``), or is
         all it holds when that fits. One call without the interpreter lock, as :meth:`first_pass`."""
         parts = np.ascontiguousarray(parts, np.int64)
         allowed, rows = np.ascontiguousarray(allowed, np.int64), np.ascontiguousarray(rows, np.int64)
@@ -932,45 +868,6 @@ class IvfParts:
             raise ValueError("a part and a row for each distance were expected")
         dist = np.ascontiguousarray(dist, np.float32)
         return _ranked(dist, np.ascontiguousarray(part, np.int64), np.ascontiguousarray(rows, np.int64), k, each)
-
-    def probes(self, q: _Floats, parts: _Ints, nprobe: int, k: int) -> _Ints:
-        """The lists :meth:`first_pass` probes in ``parts`` (ascending, distinct), as ascending list numbers."""
-        parts = np.ascontiguousarray(parts, np.int64)
-        scores = self.route(q, parts)
-        count = np.minimum(nprobe, self.nlist[parts]) if nprobe else self.nprobe[parts]
-        out = np.empty(self.lists, np.int64)
-        return out[: _choose(scores, parts, count, k, self.nlist, self._first, self.size, self._part[:, 2], out)]
-
-    def nearest(
-        self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys, runs: _Ints, count: int
-    ) -> tuple[_Ints, _Keys]:
-        """The ``count`` rows of ``runs`` (rows of part, first position, length) of the smallest keys, each row
-        by its index in run order, ties at the cut to the lower index, kept in a heap as the rows are scored: the
-        indices ascending, and their keys."""
-        self._check(q8, step, offset)
-        heap_key, heap_at = np.empty(max(count, 0), np.float64), np.empty(max(count, 0), np.int64)
-        size = _nearest_runs(self._part, q8, step, offset, self._l2, runs, heap_key, heap_at)
-        order = np.argsort(heap_at[:size])
-        return heap_at[:size][order], heap_key[:size][order]
-
-    def nearest_each(self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys, rows: _Ints, count: _Ints) -> _Ints:
-        """For each part p, the indices into ``rows`` of its ``count[p]`` rows of the smallest keys, ties at the
-        cut to the lower index, ascending. ``rows`` ascend in the parts' joint numbering (part p's rows follow
-        the earlier parts': :attr:`base`). A part's pool is picked from its keys: a heap per part, for pools of
-        ~13% of the rows (a filter's), cost ~0.8 ms more over 25K rows, its sift-downs branching unpredictably.
-        A part whose rows all fit its pool is not scored."""
-        self._check(q8, step, offset)
-        want = np.asarray(count, np.int64)
-        if want.shape != (len(self._parts),) or np.any(want < 0):
-            raise ValueError(f"a count for each of {len(self._parts)} parts was expected")
-        keys, out = np.empty(len(rows), np.float64), np.empty(min(len(rows), int(want.sum())), np.int64)
-        return out[: _nearest_each(self._part, q8, step, offset, self._l2, rows, self.base, want, keys, out)]
-
-    def _check(self, q8: npt.NDArray[np.int8], step: _Keys, offset: _Keys) -> None:
-        # the kernels check positions, not the query: a wrong shape would read past it
-        parts = len(self._parts)
-        if q8.shape != (parts, self.width) or step.shape != (parts,) or offset.shape != (parts,):
-            raise ValueError(f"a query coded for {parts} parts of width {self.width} was expected")
 
 
 def _addresses(arrays: Any) -> _Ints:
