@@ -450,18 +450,7 @@ def _choose(
 
 @_compiled
 def _first_pass(
-    cent_at: _Ints,
-    bias_at: _Ints,
-    nlist: _Ints,
-    first: _Ints,
-    dim: int,
-    proj_at: _Ints,
-    mean_at: _Ints,
-    scale_at: _Ints,
-    part: _Ints,
-    width: int,
-    l2: bool,
-    list_part: _Ints,
+    plan: tuple[Any, ...],
     start: _Ints,
     size: _Ints,
     vectors_at: _Ints,
@@ -474,6 +463,7 @@ def _first_pass(
 ) -> tuple[_Ints, _Floats, _Floats, _Ints]:
     """:meth:`IvfParts.first_pass`, in one call: route, choose the lists, code the query for the parts probed,
     keep the ``want`` best rows of the probed lists in a heap, and gather them."""
+    cent_at, bias_at, nlist, first, dim, proj_at, mean_at, scale_at, part, width, l2, list_part = plan
     scores = np.zeros(first[-1], np.float32)
     _route(cent_at, bias_at, nlist, dim, parts, first, q, scores)
     lists = np.empty(first[-1], np.int64)
@@ -548,18 +538,7 @@ def _filtered_lists(
 
 @_compiled
 def _first_pass_each(
-    cent_at: _Ints,
-    bias_at: _Ints,
-    nlist: _Ints,
-    first: _Ints,
-    dim: int,
-    proj_at: _Ints,
-    mean_at: _Ints,
-    scale_at: _Ints,
-    part: _Ints,
-    width: int,
-    l2: bool,
-    lists_of: _Ints,
+    plan: tuple[Any, ...],
     first_row: _Ints,
     end_row: _Ints,
     size: _Ints,
@@ -579,6 +558,7 @@ def _first_pass_each(
     q: _Floats,
 ) -> tuple[_Ints, _Floats, _Floats, _Ints]:
     """:meth:`IvfParts.first_pass_each`, in one call."""
+    cent_at, bias_at, nlist, first, dim, proj_at, mean_at, scale_at, part, width, l2, list_part = plan
     scores = np.zeros(first[-1], np.float32)
     _route(cent_at, bias_at, nlist, dim, parts, first, q, scores)
     lists = np.empty(first[-1], np.int64)
@@ -610,10 +590,10 @@ def _first_pass_each(
     chosen = np.sort(lists[:at])
     total = len(rows)
     for lst in chosen:
-        if whole[lists_of[lst]]:
+        if whole[list_part[lst]]:
             total += size[lst]
     scored = np.empty(total, np.int64)
-    scored = scored[: _list_rows(rows, first_row, end_row, chosen, whole[lists_of], scored)]
+    scored = scored[: _list_rows(rows, first_row, end_row, chosen, whole[list_part], scored)]
     q8 = np.zeros((len(nlist), width), np.int8)
     step, offset = np.zeros(len(nlist), np.float64), np.zeros(len(nlist), np.float64)
     held = np.diff(np.searchsorted(scored, base))
@@ -741,6 +721,21 @@ class IvfParts:
         self.end_row = self.first_row + self.size
         self.nprobe = np.minimum(np.array([x.nprobe for x in parts], np.int64), np.maximum(self.nlist, 1))
         self.rerank = np.array([x.rerank for x in parts], np.int64)
+        # what both compiled searches take first (one tuple): the parts' centroids, codes and their geometry
+        self._plan = (
+            self._cent_at,
+            self._bias_at,
+            self.nlist,
+            self._first,
+            self._dim,
+            self._proj_at,
+            self._mean_at,
+            self._scale_at,
+            self._part,
+            self.width,
+            self._l2,
+            self.list_part,
+        )
 
     @property
     def lists(self) -> int:
@@ -777,18 +772,7 @@ class IvfParts:
             raise IndexError(f"parts must ascend, each in [0, {len(self._parts)})")
         count = np.minimum(nprobe, self.nlist[parts]) if nprobe else self.nprobe[parts]
         return _first_pass(
-            self._cent_at,
-            self._bias_at,
-            self.nlist,
-            self._first,
-            self._dim,
-            self._proj_at,
-            self._mean_at,
-            self._scale_at,
-            self._part,
-            self.width,
-            self._l2,
-            self.list_part,
+            self._plan,
             self.start,
             self.size,
             self._vectors_at,
@@ -828,18 +812,7 @@ class IvfParts:
         if len(parts) and (parts[0] < 0 or parts[-1] >= len(self._parts) or np.any(parts[1:] <= parts[:-1])):
             raise IndexError(f"parts must ascend, each in [0, {len(self._parts)})")
         return _first_pass_each(
-            self._cent_at,
-            self._bias_at,
-            self.nlist,
-            self._first,
-            self._dim,
-            self._proj_at,
-            self._mean_at,
-            self._scale_at,
-            self._part,
-            self.width,
-            self._l2,
-            self.list_part,
+            self._plan,
             self.first_row,
             self.end_row,
             self.size,

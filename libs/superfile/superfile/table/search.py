@@ -852,23 +852,13 @@ class Searcher:
         looked each up in ``_filter_cache``, ~3 us apiece, and recomputed its live rows); each filter's rows
         come from ``_filter_cache``, which later snapshots share."""
         filters = None if text_filter is None else (text_filter["column"], text_filter["mode"], *text_filter["terms"])
-        key = ("allowed", filters, where_text)
-        memo = self._memos.get(key)
+        memo_key = ("allowed", filters, where_text)
+        memo = self._memos.get(memo_key)
         if memo is None:  # once a search: the snapshot's memo is an LRU lookup under a lock
-            memo = self._memos[key] = self.snap.memo(key)
+            memo = self._memos[memo_key] = self.snap.memo(memo_key)
         if e.path in memo:
-            allow: pyroaring.AbstractBitMap | None = memo[e.path]
-            return allow
-        allow = memo[e.path] = self._filtered(e, text_filter, where, where_text)
-        return allow
-
-    def _filtered(
-        self,
-        e: SuperfileEntry,
-        text_filter: Mapping[str, Any] | None,
-        where: Predicate | None,
-        where_text: str | None,
-    ) -> pyroaring.AbstractBitMap | None:
+            kept: pyroaring.AbstractBitMap | None = memo[e.path]
+            return kept
         allow = self._live(e)
         file_key = f"{self.snap.files.storage.uri}#{e.path}"
         if text_filter is not None:
@@ -888,6 +878,7 @@ class Searcher:
                 key, lambda: pyroaring.FrozenBitMap(_bitmap(self.snap.matching_offsets(e, where)))
             )
             allow = matched if allow is None else (matched & allow)
+        memo[e.path] = allow
         return allow
 
     def _vector_plan(
