@@ -393,6 +393,17 @@ def _code(
 
 
 @_compiled
+def _pool(
+    vectors_at: _Ints, part: _Ints, row_ids_at: _Ints, dim: int, owner: _Ints, pos: _Ints
+) -> tuple[_Ints, _Floats, _Floats, _Ints]:
+    """The rerank pool at positions ``pos`` of parts ``owner``: (owner, vectors, norms, row offsets)."""
+    v, norms, rows = np.empty((len(pos), dim), np.float32), np.empty(len(pos), np.float32), np.empty(len(pos), np.int64)
+    if not _gather(vectors_at, part, row_ids_at, dim, owner, pos, v, norms, rows):
+        raise IndexError("a position out of its part's rows")
+    return owner, v, norms, rows
+
+
+@_compiled
 def _choose(
     scores: _Floats,
     parts: _Ints,
@@ -452,9 +463,6 @@ def _choose(
 def _first_pass(
     plan: tuple[Any, ...],
     start: _Ints,
-    size: _Ints,
-    vectors_at: _Ints,
-    row_ids_at: _Ints,
     parts: _Ints,
     count: _Ints,
     k: int,
@@ -463,7 +471,8 @@ def _first_pass(
 ) -> tuple[_Ints, _Floats, _Floats, _Ints]:
     """:meth:`IvfParts.first_pass`, in one call: route, choose the lists, code the query for the parts probed,
     keep the ``want`` best rows of the probed lists in a heap, and gather them."""
-    cent_at, bias_at, nlist, first, dim, proj_at, mean_at, scale_at, part, width, l2, list_part = plan
+    cent_at, bias_at, nlist, first, dim, proj_at, mean_at, scale_at, part, width, l2, list_part = plan[:12]
+    size, vectors_at, row_ids_at = plan[12:]
     scores = np.zeros(first[-1], np.float32)
     _route(cent_at, bias_at, nlist, dim, parts, first, q, scores)
     lists = np.empty(first[-1], np.int64)
@@ -494,14 +503,7 @@ def _first_pass(
             at += runs[r, 2]
             r += 1
         owner[i], pos[i] = runs[r, 0], runs[r, 1] + best[i] - at
-    v, norms, rows = (
-        np.empty((len(best), dim), np.float32),
-        np.empty(len(best), np.float32),
-        np.empty(len(best), np.int64),
-    )
-    if not _gather(vectors_at, part, row_ids_at, dim, owner, pos, v, norms, rows):
-        raise IndexError("a position out of its part's rows")
-    return owner, v, norms, rows
+    return _pool(vectors_at, part, row_ids_at, dim, owner, pos)
 
 
 @_compiled
@@ -541,10 +543,7 @@ def _first_pass_each(
     plan: tuple[Any, ...],
     first_row: _Ints,
     end_row: _Ints,
-    size: _Ints,
     base: _Ints,
-    vectors_at: _Ints,
-    row_ids_at: _Ints,
     default_nprobe: _Ints,
     default_rerank: _Ints,
     parts: _Ints,
@@ -558,7 +557,8 @@ def _first_pass_each(
     q: _Floats,
 ) -> tuple[_Ints, _Floats, _Floats, _Ints]:
     """:meth:`IvfParts.first_pass_each`, in one call."""
-    cent_at, bias_at, nlist, first, dim, proj_at, mean_at, scale_at, part, width, l2, list_part = plan
+    cent_at, bias_at, nlist, first, dim, proj_at, mean_at, scale_at, part, width, l2, list_part = plan[:12]
+    size, vectors_at, row_ids_at = plan[12:]
     scores = np.zeros(first[-1], np.float32)
     _route(cent_at, bias_at, nlist, dim, parts, first, q, scores)
     lists = np.empty(first[-1], np.int64)
@@ -604,14 +604,7 @@ def _first_pass_each(
     best = scored[out[: _nearest_each(part, q8, step, offset, l2, scored, base, pool, keys, out)]]
     owner = np.searchsorted(base, best, side="right") - 1
     pos = best - base[owner]
-    v, norms, found = (
-        np.empty((len(best), dim), np.float32),
-        np.empty(len(best), np.float32),
-        np.empty(len(best), np.int64),
-    )
-    if not _gather(vectors_at, part, row_ids_at, dim, owner, pos, v, norms, found):
-        raise IndexError("a position out of its part's rows")
-    return owner, v, norms, found
+    return _pool(vectors_at, part, row_ids_at, dim, owner, pos)
 
 
 @_compiled
@@ -735,6 +728,9 @@ class IvfParts:
             self.width,
             self._l2,
             self.list_part,
+            self.size,
+            self._vectors_at,
+            self._row_ids_at,
         )
 
     @property
@@ -774,9 +770,6 @@ class IvfParts:
         return _first_pass(
             self._plan,
             self.start,
-            self.size,
-            self._vectors_at,
-            self._row_ids_at,
             parts,
             count,
             k,
@@ -815,10 +808,7 @@ class IvfParts:
             self._plan,
             self.first_row,
             self.end_row,
-            self.size,
             self.base,
-            self._vectors_at,
-            self._row_ids_at,
             self.nprobe,
             self.rerank,
             parts,
