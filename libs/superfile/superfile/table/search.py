@@ -134,7 +134,7 @@ _PAD_SEGMENTS = 10  # padding segments a padded union may add (fulltext_pads: up
 # it the hand-off costs more than the second core saves (250K rows in 16 superfiles, p50 ms split / not:
 # 0.1% allowed 1.46-1.61 / 1.18-1.21, 1% 1.95 / 1.82-1.93, 10% 3.56-3.85 / 4.63-4.66, 50% 4.82-4.97 / 6.72-7.42)
 _SPLIT_ROWS = 8_192
-_vector_unions = _NewestSnapshots()  # -> (vector union, its superfiles in part order, part by path) or None
+_vector_unions = _NewestSnapshots()  # -> (vector union, its superfiles in part order, part by path, ids by part) or None
 _vector_summaries = _NewestSnapshots()  # -> _Summaries
 
 
@@ -221,6 +221,10 @@ class _Hits:
     entry: SuperfileEntry
     offsets: np.ndarray
     scores: np.ndarray | None
+    ids: np.ndarray | None = None  # their ``_id``, where the search has them at hand (else read at the merge)
+
+
+_VectorUnionOf = tuple[VectorUnion, list[SuperfileEntry], dict[str, int], list[np.ndarray]]
 
 
 def _check_k(k: object) -> int:
@@ -411,7 +415,7 @@ class Searcher:
         )
         offsets = np.concatenate([h.offsets for h in ranked]) if ranked else np.zeros(0, np.int64)
         ids = (
-            np.concatenate([self.snap.files.open(h.entry).ids(h.offsets) for h in ranked])
+            np.concatenate([self.snap.files.open(h.entry).ids(h.offsets) if h.ids is None else h.ids for h in ranked])
             if ranked
             else np.zeros(0, np.uint64)
         )
@@ -941,7 +945,7 @@ class Searcher:
         filtered = tf is not None or predicate is not None
         run = self.snap.map if filtered and self.spread else self.snap.each
         united = self._vector_union(column)
-        union, members, part_of = united if united is not None else (None, [], {})
+        union, members, part_of, ids = united if united is not None else (None, [], {}, [])
 
         def own_pools(each: list[tuple[int, pyroaring.AbstractBitMap | None]]) -> list[tuple[int, Any, Any]]:
             return union.top_each(q, k, each, nprobe=nprobe, rerank=rerank) if union is not None and each else []
@@ -960,7 +964,7 @@ class Searcher:
                 found += [h for half in self.snap.map(own_pools, [each[0::2], each[1::2]]) for h in half]
             else:
                 found += own_pools(each)
-            hits = [_Hits(members[p], r, d) for p, r, d in found]
+            hits = [_Hits(members[p], r, d, ids[p][r]) for p, r, d in found]
             return hits + run(one, [e for e in batch if e.path not in part_of])
 
         # Two waves: the nearest quarter, then what its k-th distance cannot rule out; one wave if no bound is
@@ -986,12 +990,13 @@ class Searcher:
         """Names the table's column in the per-snapshot caches (the storage URI is the table's own prefix)."""
         return f"{self.snap.files.storage.uri}#{column}"
 
-    def _vector_union(self, column: str) -> tuple[VectorUnion, list[SuperfileEntry], dict[str, int]] | None:
+    def _vector_union(self, column: str) -> _VectorUnionOf | None:
         """One IVF search over the superfiles with an IVF index of ``column`` (``format/vector_union.py``), those
-        superfiles (its parts, in order) and each one's part number by path; built once per snapshot. None if no
-        superfile qualifies."""
+        superfiles (its parts, in order), each one's part number by path and each one's ``_id`` by row offset
+        (a view of its ids section, as the union's are of its index: a hit's id then needs no open of its
+        superfile, ~2 us a hit); built once per snapshot. None if no superfile qualifies."""
 
-        def build() -> tuple[VectorUnion, list[SuperfileEntry], dict[str, int]] | None:
+        def build() -> _VectorUnionOf | None:
             entries = [e for e in self.snap.entries() if column in e.vectors]
             if not _fits_open_files(len(entries)):
                 return None
@@ -1000,7 +1005,8 @@ class Searcher:
             if not ivf:
                 return None
             members = [e for e, _ in ivf]
-            return VectorUnion([index for _, index in ivf]), members, {e.path: i for i, e in enumerate(members)}
+            ids = [self.snap.files.open(e).ids() for e in members]
+            return VectorUnion([index for _, index in ivf]), members, {e.path: i for i, e in enumerate(members)}, ids
 
         return _vector_unions.get_or_load(self._table_key(column), self.snap.key, build)
 
