@@ -99,7 +99,7 @@ class VectorUnion:
         from superfile.format.ivf_scan import IvfParts  # numba: ~0.2 s to import, paid by a first IVF search
 
         self._kernels = IvfParts(self._lists, self.metric)
-        self._rows = np.diff(self._kernels.base)  # each part's
+        self._rows = np.diff(self._kernels.base)  # how many rows each part has
 
     def top(
         self,
