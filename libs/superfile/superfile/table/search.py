@@ -134,7 +134,7 @@ _PAD_SEGMENTS = 10  # padding segments a padded union may add (fulltext_pads: up
 # it the hand-off costs more than the second core saves (250K rows in 16 superfiles, p50 ms split / not:
 # 0.1% allowed 1.46-1.61 / 1.18-1.21, 1% 1.95 / 1.82-1.93, 10% 3.56-3.85 / 4.63-4.66, 50% 4.82-4.97 / 6.72-7.42)
 _SPLIT_ROWS = 8_192
-_vector_unions = _NewestSnapshots()  # -> (vector union, its superfiles in part order, part by path, ids by part) or None
+_vector_unions = _NewestSnapshots()  # -> (union, its superfiles in part order, part by path, ids by part) or None
 _vector_summaries = _NewestSnapshots()  # -> _Summaries
 
 
