@@ -482,7 +482,7 @@ class Snapshot:
 
     def entries(self, where: Predicate | None = None) -> list[SuperfileEntry]:
         """Superfile entries the predicate may match: whole parts are pruned first, loading only the rest. Kept
-        per predicate: checking 16 superfiles' statistics cost ~0.1 ms of a 0.5 ms filtered search."""
+        per predicate: checking 16 superfiles' statistics cost ~0.06 ms of a 0.5 ms filtered search."""
         if where is None:
             return self._entries(None)
         return list(self._memos.get_or_load(("entries", str(where)), lambda: self._entries(where))[0])
