@@ -508,10 +508,8 @@ def _first_pass(
 
 @_compiled
 def _filtered_lists(
-    scores: _Floats,
+    order: _Ints,
     first: int,
-    m: int,
-    size: _Ints,
     first_row: _Ints,
     end_row: _Ints,
     rows: _Ints,
@@ -520,11 +518,11 @@ def _filtered_lists(
     out: _Ints,
     at: int,
 ) -> int:
-    """A filtered part's lists with allowed ``rows``, nearest first (ties: the lower list), until ``count`` of
-    them and ``target`` allowed rows, into ``out[at:]``; returns the next free place."""
-    order = np.argsort(scores[first : first + m], kind="mergesort")
+    """A filtered part's lists with allowed ``rows``, in ``order`` (its lists nearest first, numbered from
+    ``first``), until ``count`` of them and ``target`` allowed rows, into ``out[at:]``; returns the next free
+    place."""
     useful, seen = 0, 0
-    for j in range(m):
+    for j in range(len(order)):
         lst = first + order[j]
         held = np.searchsorted(rows, end_row[lst]) - np.searchsorted(rows, first_row[lst])
         if held == 0:
@@ -586,7 +584,7 @@ def _first_pass_each(
                 if j < m:
                     probed += size[f + order[j]]
             target = max(k, np.ceil(probed * (allowed[i] / max(n, 1)) ** exponent))
-            at = _filtered_lists(scores, f, m, size, first_row, end_row, rows, count, target, lists, at)
+            at = _filtered_lists(order, f, first_row, end_row, rows, count, target, lists, at)
     chosen = np.sort(lists[:at])
     total = len(rows)
     for lst in chosen:
@@ -735,7 +733,7 @@ class IvfParts:
 
     @property
     def lists(self) -> int:
-        """The lists of all the parts: the length of :meth:`route`'s scores."""
+        """The lists of all the parts: the length of the routing scores."""
         return int(self._first[-1])
 
     def positions(self, parts: _Ints, ids: npt.NDArray[np.uint32], ends: _Ints) -> tuple[_Ints, _Ints]:
@@ -760,9 +758,10 @@ class IvfParts:
         for the rerank: (part, vectors, norms, row offsets), in the parts' order and each part's list order.
 
         Each part probes its ``nprobe`` nearest lists (0: its default), more while they hold fewer than ``k`` rows
-        (the lists a search of the part alone probes), and its rows are scored as :meth:`nearest` scores them.
+        (the lists a search of the part alone probes), and its rows are scored into a heap (``_nearest_runs``).
         One call without the interpreter lock from routing to the gathered pool: as ~40 numpy steps, each let the
-        lock go, and with a second thread searching each was a hand-off (two threads answered 0.94x one)."""
+        lock go, and with a second thread searching each was a hand-off (two threads answered 1.08x one at
+        nprobe 8)."""
         parts = np.ascontiguousarray(parts, np.int64)
         if len(parts) and (parts[0] < 0 or parts[-1] >= len(self._parts) or np.any(parts[1:] <= parts[:-1])):
             raise IndexError(f"parts must ascend, each in [0, {len(self._parts)})")
