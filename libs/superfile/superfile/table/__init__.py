@@ -335,13 +335,13 @@ class Supertable(Table):
             unknown = [c for c in columns if c not in snap.schema.names]
             if unknown:
                 raise UnknownColumnError(f"unknown columns {unknown}; the table has {snap.schema.names}")
-        predicate = snap.predicate(where) if where is not None else None
+        predicate = snap.predicate(where)
         return snap.scan(columns, predicate)
 
     def count_rows(self, where: str | None = None) -> int:
         """How many rows (match ``where``); without a predicate the manifest's count, no superfile opened."""
         snap = self._current()
-        return snap.count(snap.predicate(where) if where is not None else None)
+        return snap.count(snap.predicate(where))
 
     # -- search -------------------------------------------------------------------
     def search(self, request: SearchRequest) -> pa.Table:

@@ -26,7 +26,7 @@ def head(snap: Snapshot, limit: int, columns: Sequence[str] | None = None, where
     unknown = [c for c in names if c not in snap.schema.names]
     if unknown:
         raise UnknownColumnError(f"unknown columns {unknown}; the table has {snap.schema.names}")
-    predicate = snap.predicate(where) if where is not None else None
+    predicate = snap.predicate(where)
     entries = sorted(snap.entries(predicate), key=lambda e: (e.id_min, e.path))
     if not entries:
         return snap.scan(names, predicate)  # no superfile to read: the typed empty result

@@ -893,7 +893,7 @@ class Searcher:
         self._vector_column(column)
         k = _check_k(k)
         q = self._query_vector(column, vector)
-        predicate = self.snap.predicate(where) if where is not None else None
+        predicate = self.snap.predicate(where)
         tf: dict[str, Any] | None = None
         if text_filter is not None:
             if not isinstance(text_filter, Mapping) or not {"column", "query"} <= set(text_filter):
