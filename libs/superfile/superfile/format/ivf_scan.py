@@ -671,6 +671,7 @@ class IvfParts:
                 x.norms,
                 x.vectors,
                 x.row_ids,
+                x.row_pos,
             ]
             arrays += [] if x.proj is None else [x.proj, x.mean]
             rows_each = {len(x.norms), len(x.vectors), len(x.row_ids), len(x.row_pos)}
