@@ -41,6 +41,7 @@ died is removed by the next process of the same host to make one there.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import json
@@ -73,10 +74,11 @@ from superfile.format.fulltext import (
     make_analyzer,
     weight32,
 )
+from superfile.format.fulltext_merge import Merged, Merges, Source
 from superfile.format.fulltext_pads import PAD_WORD, Padding, boosts_for, checked, pad_directories, paddings
 from superfile.format.tantivy_files import read_meta, segment_files
 
-__all__ = ["PaddedUnion", "UnionIndex", "UnionText", "union_of", "union_text", "unions_dir"]
+__all__ = ["PaddedUnion", "UnionIndex", "UnionText", "merges_done", "union_of", "union_text", "unions_dir"]
 
 log = logging.getLogger(__name__)
 _PADDINGS = 32  # paddings a share may use (a term's weight cannot be boosted exactly in ~1 of 8, measured)
@@ -84,27 +86,47 @@ _TERMS_KEPT = 4096  # terms whose share df and boosts a padded union keeps
 _TIE_EXTRA = 16  # hits fetched past k, so rows tied with the k-th are all seen (ties break by _id later)
 _KEEP_UNIONS = 8  # unions whose files a pool keeps linked (a search may build one for an older snapshot)
 _UNIONS_DIR = "unions"  # where in a cache directory they are
+_MERGES_DIR = "merged"  # where in a pool its merged segments are
+
+
+_MERGED = -2  # UnionIndex.part_of of a merged segment: its runs name the parts
+_NONE: tuple[list[int], np.ndarray, np.ndarray] = ([], np.zeros(0, np.int64), np.zeros(0, np.float32))  # no hit
 
 
 class UnionIndex:
     """A searcher over the segments of ``parts`` (in order); hits map back to (part, row offset)."""
 
     def __init__(
-        self, index: tantivy.Index, searcher: tantivy.Searcher, part_of_segment: list[int], ordered: bool
+        self,
+        index: tantivy.Index,
+        searcher: tantivy.Searcher,
+        part_of_segment: list[int],
+        ordered: bool,
+        runs: dict[int, tuple[list[int], list[int]]] | None = None,
     ) -> None:
-        """``ordered``: the parts' rows, in part order, are in ascending ``_id`` order (see :meth:`top`)."""
+        """``ordered``: the parts' rows, in part order, are in ascending ``_id`` order (see :meth:`top`).
+        ``runs``: for each merged segment (``part_of`` -2), the first document of each part it holds, and the
+        part."""
         self.ordered = ordered
         self.index = index
         self.searcher = searcher
         if self.searcher.num_segments != len(part_of_segment):
             raise ValueError(f"union opened {self.searcher.num_segments} segments, listed {len(part_of_segment)}")
         self.part_of = list(part_of_segment)
+        self.runs = runs or {}
+
+    def _part(self, doc: tantivy.DocAddress) -> int:
+        part = self.part_of[doc.segment_ord]
+        if part == _MERGED:
+            starts, parts = self.runs[doc.segment_ord]
+            return parts[bisect.bisect_right(starts, doc.doc) - 1]
+        return part
 
     def top(
         self, terms: Sequence[str], k: int, mode: str, boosts: Sequence[float] | None = None
-    ) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """The BM25 top-``k`` of analysed ``terms`` (mode "any" or "all"), as (part index, row offsets,
-        float32 scores) per part that has hits; ties break by ``_id`` as on the per-superfile path.
+    ) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """The BM25 top-``k`` of analysed ``terms`` (mode "any" or "all"), as each hit's part index, row offset
+        (int64) and float32 score, best first; ties break by ``_id`` as on the per-superfile path.
         ``boosts``: one per term, multiplying its weight (``fulltext_pads.boosts_for``).
 
         Tantivy breaks ties by ascending (segment, doc). When the union is ``ordered`` that is ``_id``
@@ -122,15 +144,9 @@ class UnionIndex:
             if self.ordered or len(hits) < limit or hits[-1][0] < hits[k - 1][0]:
                 break
             limit *= 4
-        if not hits:
-            return []
-        rows = self.searcher.fast_field_values(ROW_FIELD, [d for _, d in hits])
-        by_part: dict[int, tuple[list[int], list[float]]] = {}
-        for (score, doc), row in zip(hits, rows, strict=True):  # k hits: plain Python beats numpy's set-up
-            found = by_part.setdefault(self.part_of[doc.segment_ord], ([], []))
-            found[0].append(int(row))  # type: ignore[arg-type]  # the row field is an int fast field
-            found[1].append(score)
-        return [(p, np.asarray(r, np.int64), np.asarray(s, np.float32)) for p, (r, s) in sorted(by_part.items())]
+        docs = [d for _, d in hits]
+        rows = np.asarray(self.searcher.fast_field_values(ROW_FIELD, docs) if docs else [], np.int64)
+        return [self._part(d) for d in docs], rows, np.asarray([s for s, _ in hits], np.float32)
 
 
 class UnionText(FullTextIndex):
@@ -202,20 +218,57 @@ def union_text(parts: Sequence[FullTextIndex], cache_dir: str) -> UnionText:
     return UnionText(union_of(parts, cache_dir, ordered=False), parts)
 
 
-def union_of(parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool, pads: Sequence[str] = ()) -> UnionIndex:
+def union_of(
+    parts: Sequence[FullTextIndex], cache_dir: str, *, ordered: bool, pads: Sequence[str] = (), merge: bool = False
+) -> UnionIndex:
     """The union of these indexes (same column, same tokenizer, in this order), read from this process's pool
     under ``cache_dir``; ``ordered`` as in :class:`UnionIndex`; ``pads``: padding segments' directories
-    (``fulltext_pads``) listed after the parts, part -1. Raises OSError or ValueError when a part's files are
-    not where they were extracted."""
+    (``fulltext_pads``) listed after the parts, part -1. ``merge``: list the merged segments the pool has made
+    of parts' segments in their place, and have it merge more (``fulltext_merge``); such a union is not
+    ``ordered``. Raises OSError or ValueError when a part's files are not where they were extracted."""
     layouts = [_layout(p) for p in parts]
-    part_of = [i for i, x in enumerate(layouts) for _ in x.meta["segments"]]
-    # A part built in several segments has them in meta.json order, which need not be row order.
-    ordered = ordered and all(len(x.meta["segments"]) <= 1 for x in layouts)
-    padding = [_pad_layout(d) for d in pads]
-    part_of += [-1 for x in padding for _ in x.meta["segments"]]
     pool = _pool(cache_dir, layouts[0].meta, parts[0].tokenizer)
-    index, searcher = pool.searcher(layouts + padding, kept=padding)
-    return UnionIndex(index, searcher, part_of, ordered)
+    listed: list[_Layout] = []
+    part_of: list[int] = []
+    runs: dict[int, tuple[list[int], list[int]]] = {}
+    rest = list(range(len(layouts)))
+    if merge:
+        single = [i for i, x in enumerate(layouts) if len(x.meta["segments"]) == 1]  # a merge's sources
+        index_of = {_segment_id(layouts[i]): i for i in single}
+        for source in pool.merges.cover([_source(layouts[i]) for i in single]):
+            if isinstance(source, Merged):
+                runs[len(part_of)] = (source.starts().tolist(), [index_of[p] for p in source.parts])
+                listed.append(_dir_layout(source.directory))
+                part_of.append(_MERGED)
+            else:
+                listed.append(layouts[index_of[source.parts[0]]])
+                part_of.append(index_of[source.parts[0]])
+        rest = [i for i, x in enumerate(layouts) if len(x.meta["segments"]) != 1]
+    listed += [layouts[i] for i in rest]
+    part_of += [i for i in rest for _ in layouts[i].meta["segments"]]
+    # A part built in several segments has them in meta.json order, which need not be row order.
+    ordered = ordered and not runs and all(len(x.meta["segments"]) <= 1 for x in layouts)
+    padding = [_dir_layout(d) for d in pads]
+    part_of += [-1 for x in padding for _ in x.meta["segments"]]
+    index, searcher = pool.searcher(listed + padding, kept=padding)
+    return UnionIndex(index, searcher, part_of, ordered, runs)
+
+
+def _segment_id(layout: _Layout) -> str:
+    return str(layout.meta["segments"][0]["segment_id"])
+
+
+def _source(layout: _Layout) -> Source:
+    """A one-segment part as a source of merged segments."""
+    return Source(layout.directory, (_segment_id(layout),), (int(layout.meta["segments"][0]["max_doc"]),))
+
+
+def merges_done(timeout: float) -> bool:
+    """Whether no pool of this process is merging segments (``fulltext_merge``), waiting up to ``timeout``
+    seconds for each: for benchmarks and tests, which measure the merged state."""
+    with _pools_lock:
+        pools = list(_pools.values())
+    return all(pool.merges.wait(timeout) for pool in pools)
 
 
 def unions_dir(cache_dir: str) -> str:
@@ -280,7 +333,7 @@ class PaddedUnion:
 
     def top(
         self, terms: Sequence[str], k: int, mode: str, doc_freq: Sequence[int]
-    ) -> list[tuple[int, np.ndarray, np.ndarray]] | None:
+    ) -> tuple[list[int], np.ndarray, np.ndarray] | None:
         """:meth:`UnionIndex.top` with the table's statistics (``doc_freq``: the table's df of each term); None
         when no padding lets every term's weight be boosted exactly (the caller rescores then)."""
         if self.pad_token in terms:
@@ -290,12 +343,12 @@ class PaddedUnion:
             here, each = self._term(term, df)
             if not here:  # no row of the share holds it: it scores nothing here
                 if mode == "all":
-                    return []
+                    return _NONE
                 continue
             kept.append(term)
             boosts.append(each)
         if not kept:
-            return []
+            return _NONE
         usable = np.all(np.isfinite(np.asarray(boosts, np.float64)), axis=0)  # per padding: every term boosted
         for i in np.flatnonzero(usable).tolist():
             union = self.union(i)
@@ -331,7 +384,7 @@ class _Layout:
 
 _SEGMENTS = "\x00segments\x00"  # where a union's meta.json gets its parts' segments
 _layouts: weakref.WeakKeyDictionary[FullTextIndex, _Layout] = weakref.WeakKeyDictionary()
-_pad_layouts: dict[tuple[str, int], _Layout] = {}
+_dir_layouts: LRUCache[tuple[str, int], _Layout] = LRUCache(maxsize=256)  # paddings and merged segments
 _layouts_lock = threading.Lock()
 
 
@@ -349,16 +402,16 @@ def _layout(part: FullTextIndex) -> _Layout:
     return known
 
 
-def _pad_layout(directory: str) -> _Layout:
-    """A padding segment's layout (``fulltext_pads``), read once per build of it: a padding never changes, but
-    one removed from the cache directory is built again, with other file names."""
+def _dir_layout(directory: str) -> _Layout:
+    """A padding segment's layout (``fulltext_pads``) or a merged one's (``fulltext_merge``), read once per build
+    of it: neither changes, but a padding removed from the cache directory is built again, with other names."""
     key = (directory, os.stat(os.path.join(directory, "meta.json")).st_mtime_ns)
     with _layouts_lock:
-        known = _pad_layouts.get(key)
+        known = _dir_layouts.get(key)
     if known is None:
         known = _read_layout(directory)
         with _layouts_lock:
-            _pad_layouts[key] = known
+            _dir_layouts[key] = known
     return known
 
 
@@ -378,6 +431,7 @@ class _Pool:
         self._linked: set[str] = set()
         self._recent: deque[set[str]] = deque(maxlen=_KEEP_UNIONS)  # the files of the latest unions
         self._kept: set[str] = set()  # padding segments' files: linked for good (a bounded family)
+        self.merges = Merges(os.path.join(path, _MERGES_DIR), tokenizer)  # in the pool: removed with it
 
     def searcher(self, layouts: list[_Layout], kept: Sequence[_Layout] = ()) -> tuple[tantivy.Index, Any]:
         """The pool's index and a searcher over exactly these parts' segments, in order. The files of ``kept``

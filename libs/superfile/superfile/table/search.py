@@ -43,6 +43,7 @@ from superfile.format.fulltext import (
     global_top_k,
     make_analyzer,
 )
+from superfile.format.fulltext_merge import on_merged
 from superfile.format.fulltext_union import PaddedUnion, UnionIndex, UnionText, union_of, union_text
 from superfile.format.vector_union import VectorUnion
 from superfile.manifest.model import SuperfileEntry
@@ -109,6 +110,10 @@ class _NewestSnapshots:
         if stale:
             self._items.discard(lambda k: k not in stale)
 
+    def clear(self) -> None:
+        """Drop every snapshot's state (whoever holds a value keeps a working one)."""
+        self._items.discard(lambda _: False)
+
     def get_or_load(self, table: str, snapshot: str, load: Callable[[], T]) -> T:
         key = f"{table}#{snapshot}"
         with self._lock:
@@ -125,7 +130,7 @@ class _NewestSnapshots:
         return value
 
 
-_unions = _NewestSnapshots()  # -> (BM25 union, its superfiles in _id order) or None
+_unions = _NewestSnapshots()  # -> (BM25 union, its superfiles in _id order, their _ids) or None
 # -> (union of the superfiles without deletes, those superfiles) or None; a cache node keeps a few shares
 _exact_unions = _NewestSnapshots(keep=4)
 _padded_unions = _NewestSnapshots(keep=4)  # -> (a share's padded union, its superfiles in _id order) or None
@@ -136,6 +141,14 @@ _PAD_SEGMENTS = 10  # padding segments a padded union may add (fulltext_pads: up
 _SPLIT_ROWS = 8_192
 _vector_unions = _NewestSnapshots()  # -> (union, its superfiles in part order, part by path, ids by part) or None
 _vector_summaries = _NewestSnapshots()  # -> _Summaries
+
+
+def _merged() -> None:
+    """A merged segment is made (``fulltext_merge``): the next search of each snapshot builds a union listing it."""
+    _unions.clear()
+
+
+on_merged(_merged)
 
 
 def _release_snapshots(uri: str, keep: Callable[[str], bool]) -> None:
@@ -224,6 +237,7 @@ class _Hits:
     ids: np.ndarray | None = None  # their ``_id``, where the search has them at hand (else read at the merge)
 
 
+_UnionOf = tuple[UnionIndex, list[SuperfileEntry], list[np.ndarray]]  # with its parts' superfiles and _ids
 _VectorUnionOf = tuple[VectorUnion, list[SuperfileEntry], dict[str, int], list[np.ndarray]]
 
 
@@ -408,20 +422,34 @@ class Searcher:
 
     def _result(self, hits: list[_Hits], k: int | None, descending: bool, projection: Sequence[str] | None) -> pa.Table:
         """Merge per-superfile hits into one ranking (ties: ``_id``), resolve ids and projected columns."""
-        cols = self._projection(projection)
         ranked = [h for h in hits if len(h.offsets)]
-        which = (
-            np.concatenate([np.full(len(h.offsets), i) for i, h in enumerate(ranked)]) if ranked else np.zeros(0, int)
-        )
-        offsets = np.concatenate([h.offsets for h in ranked]) if ranked else np.zeros(0, np.int64)
-        ids = (
-            np.concatenate([self.snap.files.open(h.entry).ids(h.offsets) if h.ids is None else h.ids for h in ranked])
-            if ranked
-            else np.zeros(0, np.uint64)
-        )
+        if not ranked:
+            empty = np.zeros(0, np.int64)
+            return self._ranked([], empty, empty, np.zeros(0, np.uint64), None, k, descending, projection)
+        which = np.concatenate([np.full(len(h.offsets), i) for i, h in enumerate(ranked)])
+        offsets = np.concatenate([h.offsets for h in ranked])
+        ids = np.concatenate([self.snap.files.open(h.entry).ids(h.offsets) if h.ids is None else h.ids for h in ranked])
         scores = None
-        if ranked and ranked[0].scores is not None:
-            scores = np.concatenate([h.scores for h in ranked if h.scores is not None]).astype(np.float32)
+        if ranked[0].scores is not None:
+            scores = np.concatenate([h.scores for h in ranked if h.scores is not None])
+        return self._ranked([h.entry for h in ranked], which, offsets, ids, scores, k, descending, projection)
+
+    def _ranked(
+        self,
+        entries: list[SuperfileEntry],
+        which: np.ndarray,
+        offsets: np.ndarray,
+        ids: np.ndarray,
+        scores: np.ndarray | None,
+        k: int | None,
+        descending: bool,
+        projection: Sequence[str] | None,
+    ) -> pa.Table:
+        """The result of hits given flat: each one's superfile (an index into ``entries``), row offset, ``_id``
+        and score (None: unranked, in ``_id`` order)."""
+        cols = self._projection(projection)
+        if scores is not None:
+            scores = scores.astype(np.float32, copy=False)
             order = np.lexsort((ids, -scores if descending else scores))[:k]
         else:
             order = np.argsort(ids, kind="stable")[:k]
@@ -430,7 +458,7 @@ class Searcher:
             pa.array(scores[order], pa.float32()) if scores is not None else pa.nulls(len(order), pa.float32()),
         ]
         if cols:
-            table = self._rows(ranked, which[order], offsets[order], cols)
+            table = self._rows(entries, which[order], offsets[order], cols)
             arrays += [table.column(c) for c in cols]
         fields: list[pa.Field] = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float32())]
         fields += [self.snap.plain_schema.field(c) for c in cols]
@@ -442,14 +470,14 @@ class Searcher:
         }
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=meta))
 
-    def _rows(self, ranked: list[_Hits], which: np.ndarray, offsets: np.ndarray, cols: list[str]) -> pa.Table:
+    def _rows(self, entries: list[SuperfileEntry], which: np.ndarray, offsets: np.ndarray, cols: list[str]) -> pa.Table:
         """Projected columns of the chosen hits in rank order: read superfile by superfile, then put back."""
         pieces: list[pa.Table] = []
         positions: list[np.ndarray] = []
-        for i, h in enumerate(ranked):
+        for i, entry in enumerate(entries):
             pos = np.flatnonzero(which == i)
             if len(pos):
-                pieces.append(self.snap.read_rows(h.entry, offsets[pos], cols))
+                pieces.append(self.snap.read_rows(entry, offsets[pos], cols))
                 positions.append(pos)
         if not pieces:
             return pa.schema([self.snap.plain_schema.field(c) for c in cols]).empty_table()
@@ -547,12 +575,12 @@ class Searcher:
         zero = [0] * len(terms)
         return [(path, counts.get(path, zero), length.get(path, 0)) for path in dict.fromkeys([*counts, *length])]
 
-    def _union(self, column: str) -> tuple[UnionIndex, list[SuperfileEntry]] | None:
+    def _union(self, column: str) -> _UnionOf | None:
         """One searcher over every superfile's index of ``column`` (``format/fulltext_union.py``) for a
         snapshot without deletion vectors: it ranks like the per-superfile path, and every query of that
         snapshot takes it, warm or cold, so a query always gets the same float32 scores (the two paths
         round differently). Returns it with its parts' superfiles (in ``_id`` order), built once per
-        snapshot; None otherwise, or if the union cannot be built."""
+        snapshot, with each one's ``_id`` section; None otherwise, or if the union cannot be built."""
         try:  # None is kept too
             united = _unions.get_or_load(self._table_key(column), self.snap.key, lambda: self._build_union(column))
         except (OSError, ValueError) as exc:
@@ -560,14 +588,15 @@ class Searcher:
             return None
         return united
 
-    def _build_union(self, column: str) -> tuple[UnionIndex, list[SuperfileEntry]] | None:
+    def _build_union(self, column: str) -> _UnionOf | None:
         entries = self.snap.entries()
         if not entries or any(e.deletes is not None for e in entries) or not self._indexed(entries, column):
             return None
         if not _fits_open_files(len(entries) * _SEGMENT_FILES):
             return None
         entries, parts = self._sorted_parts(entries, column)
-        return union_of(parts, self.snap.files.cache_dir, ordered=self._ordered(entries)), entries
+        union = union_of(parts, self.snap.files.cache_dir, ordered=self._ordered(entries), merge=True)
+        return union, entries, [self.snap.files.open(e).ids() for e in entries]
 
     def _sorted_parts(
         self, entries: Sequence[SuperfileEntry], column: str
@@ -596,13 +625,14 @@ class Searcher:
             return self._result([], k, True, projection)
         united = self._union(column) if self.corpus is None else None
         if united is not None:
-            union, entries = united
+            union, entries, ids = united
             # one native search over every superfile, whose term dictionaries skip those without the terms:
             # checking the manifest's bloom filters first cost ~8% of the query and saved tantivy nothing
             self.total = self.snap.manifest.superfile_count
             self.searched = len(entries)
-            hits = [_Hits(entries[i], rows, scores) for i, rows, scores in union.top(terms, k, mode)]
-            return self._result(hits, k, True, projection)
+            parts, rows, scores = union.top(terms, k, mode)
+            found = np.fromiter((ids[p][r] for p, r in zip(parts, rows.tolist(), strict=True)), np.uint64, len(parts))
+            return self._ranked(entries, np.asarray(parts, np.int64), rows, found, scores, k, True, projection)
         if self.corpus is not None:  # a leaf: the root sent only superfiles whose bloom filters may hold the terms
             candidates = self._entries()
             stats = self.corpus
@@ -666,7 +696,9 @@ class Searcher:
             return None
         if found is None:
             return None
-        return [_Hits(entries[i], rows, scores) for i, rows, scores in found], entries
+        parts, rows, scores = found
+        at = np.asarray(parts, np.int64)
+        return [_Hits(entries[p], rows[at == p], scores[at == p]) for p in sorted(set(parts))], entries
 
     def _padded_union(self, column: str) -> tuple[PaddedUnion, list[SuperfileEntry]] | None:
         """This share's superfiles that hold the column's index and no deletes as a :class:`PaddedUnion` with the
