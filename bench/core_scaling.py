@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median, save
-from search_bench import CLASSES, build_info, queries, timed_pass
+from search_bench import CLASSES, build_info, queries, timed_pass, warm_up
 
 Case = tuple[str, str, dict[str, Any]]  # system, kind, setting
 CASES: tuple[Case, ...] = (
@@ -56,7 +56,7 @@ def _client(
     def query(i: int) -> Any:
         return fn(i, setting)
 
-    timed_pass(query, n, 1)  # warm-up: every query once
+    warm_up(sysobj, query, n)
     ready.wait()
     cpu0, wall = time.process_time(), 0.0
     for _ in range(passes):  # as search_bench.py runs its client threads
