@@ -70,6 +70,7 @@ __all__ = [
     "length_norm32",
     "make_analyzer",
     "scores32",
+    "thread_analyzer",
     "value_hash",
     "weight32",
     "weights32",
@@ -93,6 +94,22 @@ ROUNDING = 2.0**-20  # relative error bound of a tantivy score as we recompute i
 _FIRST_EXTRA = 32  # candidates reads k + this many hits first, then 4x as many per round
 _ROW_DISJUNCTION = 512  # up to this many rows, a row filter is a union of _row terms, else a term set
 _FULL_POSTINGS = 6  # a term's scores come from all its postings if df <= this * candidates (else restricted)
+
+
+_thread_analyzers = threading.local()
+
+
+def thread_analyzer(tokenizer: str) -> tantivy.TextAnalyzer:
+    """This thread's analyzer of ``tokenizer``, built once a thread: building one (its stop words, its stemmer)
+    took longer than analysing a query, and a search analyses every query. An analyzer is not shared between
+    threads while it runs."""
+    known: dict[str, tantivy.TextAnalyzer] | None = getattr(_thread_analyzers, "by_name", None)
+    if known is None:
+        known = _thread_analyzers.by_name = {}
+    analyzer = known.get(tokenizer)
+    if analyzer is None:
+        analyzer = known[tokenizer] = make_analyzer(tokenizer)
+    return analyzer
 
 
 def make_analyzer(tokenizer: str) -> tantivy.TextAnalyzer:

@@ -203,6 +203,7 @@ class ManifestStore:
         self._frames: LRUCache[tuple[str, int], tuple[list[SuperfileEntry], bytes, int]] = LRUCache(maxsize=8)
         self._encoded_kept = 0  # entries _encoded held after _forget_encoded last dropped some
         self._encoded_lock = threading.Lock()
+        self._pointer: tuple[bytes, Pointer] | None = None  # the pointer read last, as read and as parsed
 
     def _put(self, path: str, data: bytes) -> None:
         batch: Uploads | None = getattr(_local, "uploads", None)
@@ -213,11 +214,18 @@ class ManifestStore:
 
     # -- pointer and sequence -------------------------------------------------
     def read_pointer(self) -> tuple[Pointer, str]:
+        """The current pointer and its etag: read every time (a strong read checks it on every query), parsed
+        only when its bytes changed."""
         try:
             data, etag = self.storage.read_with_etag(POINTER)
         except ObjectNotFoundError:
             raise TableNotFoundError(f"table at {self.storage.uri!r} does not exist") from None
-        return Pointer.from_json(json.loads(data)), etag
+        last = self._pointer
+        if last is not None and last[0] == data:
+            return last[1], etag
+        pointer = Pointer.from_json(json.loads(data))
+        self._pointer = (data, pointer)
+        return pointer, etag
 
     def create_pointer(self, pointer: Pointer) -> None:
         settle()  # what the pointer reaches is durable before it is

@@ -28,7 +28,7 @@ from superfile.expressions.nodes import (
     Or,
     ScalarPlan,
 )
-from superfile.format.fulltext import make_analyzer
+from superfile.format.fulltext import thread_analyzer
 from superfile.manifest.model import SuperfileEntry
 from superfile.table.columns import FileColumns
 
@@ -157,7 +157,7 @@ def _text_check(node: Node, fts: Mapping[str, str]) -> EntryCheck | None:
     if column is None or column not in fts or not values or not all(isinstance(v, str) for v in values):
         return None
     name: str = column
-    analyzer = make_analyzer(fts[name])
+    analyzer = thread_analyzer(fts[name])
     terms = [list(dict.fromkeys(analyzer.analyze(v))) for v in values]
     if not all(terms):  # a value without terms (empty, punctuation) says nothing about a superfile's terms
         return None

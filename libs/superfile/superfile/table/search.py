@@ -42,6 +42,7 @@ from superfile.format.fulltext import (
     corpus_df,
     global_top_k,
     make_analyzer,
+    thread_analyzer,
 )
 from superfile.format.fulltext_merge import on_merged
 from superfile.format.fulltext_union import PaddedUnion, UnionIndex, UnionText, union_of, union_text
@@ -166,6 +167,7 @@ def _is_ascending(ids: np.ndarray) -> bool:
 
 
 MAX_K = 10_000
+_RESULT_FIELDS = (pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float32()))  # then the projection
 MAX_PREFIX_TERMS = 64
 RRF_K = 60  # the reciprocal-rank-fusion constant: score = sum over retrievers of 1 / (RRF_K + rank)
 HYBRID_DEPTH = 100  # candidates taken from each retriever before fusion
@@ -407,9 +409,7 @@ class Searcher:
 
     def _analyze(self, column: str, text: str) -> list[str]:
         """Analyse with the column's tokenizer (any superfile's analyzer is the same one)."""
-        from superfile.format.fulltext import make_analyzer
-
-        return list(make_analyzer(self.options.fts_columns[column]).analyze(text))
+        return list(thread_analyzer(self.options.fts_columns[column]).analyze(text))
 
     def _entries(self, where: Predicate | None = None) -> list[SuperfileEntry]:
         entries = self.snap.entries(where)
@@ -460,8 +460,7 @@ class Searcher:
         if cols:
             table = self._rows(entries, which[order], offsets[order], cols)
             arrays += [table.column(c) for c in cols]
-        fields: list[pa.Field] = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float32())]
-        fields += [self.snap.plain_schema.field(c) for c in cols]
+        fields = [*_RESULT_FIELDS, *(self.snap.plain_schema.field(c) for c in cols)]
         meta: dict[bytes | str, bytes | str] = {
             "superfile.version": str(self.snap.version),
             "superfile.superfiles": str(self.total),
