@@ -84,6 +84,7 @@ log = logging.getLogger(__name__)
 _PADDINGS = 32  # paddings a share may use (a term's weight cannot be boosted exactly in ~1 of 8, measured)
 _TERMS_KEPT = 4096  # terms whose share df and boosts a padded union keeps
 _TIE_EXTRA = 16  # hits fetched past k, so rows tied with the k-th are all seen (ties break by _id later)
+_MAX_EXTRA = 4096  # the most hits past k a query starts with (more ties: it fetches 4x as many, again)
 _KEEP_UNIONS = 8  # unions whose files a pool keeps linked (a search may build one for an older snapshot)
 _UNIONS_DIR = "unions"  # where in a cache directory they are
 _MERGES_DIR = "merged"  # where in a pool its merged segments are
@@ -114,6 +115,8 @@ class UnionIndex:
             raise ValueError(f"union opened {self.searcher.num_segments} segments, listed {len(part_of_segment)}")
         self.part_of = list(part_of_segment)
         self.runs = runs or {}
+        # hits past k an unordered union fetches first: _TIE_EXTRA, or as many as the last query's ties took
+        self._extra = _TIE_EXTRA
 
     def _part(self, doc: tantivy.DocAddress) -> int:
         part = self.part_of[doc.segment_ord]
@@ -138,12 +141,17 @@ class UnionIndex:
         if boosts is not None:
             clauses = [tantivy.Query.boost_query(q, b) for q, b in zip(clauses, boosts, strict=True)]
         query = tantivy.Query.boolean_query([(occur, q) for q in clauses])
-        limit = k if self.ordered else k + _TIE_EXTRA
+        limit = k if self.ordered else k + self._extra
         while True:
             hits = self.searcher.search(query, limit, count=False).hits
             if self.ordered or len(hits) < limit or hits[-1][0] < hits[k - 1][0]:
                 break
             limit *= 4
+        if not self.ordered and len(hits) >= k:  # the next query starts past as many ties as this one had
+            tied, last = k, hits[k - 1][0]
+            while tied < len(hits) and hits[tied][0] >= last:  # scores descend
+                tied += 1
+            self._extra = min(max(_TIE_EXTRA, tied + _TIE_EXTRA - k), _MAX_EXTRA)
         docs = [d for _, d in hits]
         rows = np.asarray(self.searcher.fast_field_values(ROW_FIELD, docs) if docs else [], np.int64)
         return [self._part(d) for d in docs], rows, np.asarray([s for s, _ in hits], np.float32)
