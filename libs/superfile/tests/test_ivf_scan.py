@@ -488,3 +488,27 @@ def test_the_nearest_lists_at_a_tied_cut_are_the_lower_ones() -> None:
     for count, want in ((1, [5]), (3, [1, 2, 5]), (4, [1, 2, 3, 5]), (6, [1, 2, 3, 4, 5, 7]), (8, list(range(8)))):
         assert chosen(count, 1, tens) == want
     assert chosen(1, 3, np.ones(8, np.int64)) == [1, 2, 5]  # widened: nearest first until 3 rows
+
+
+@pytest.mark.parametrize("dims", [ivf_scan._EXACT_DIMS, ivf_scan._EXACT_DIMS + 8])
+def test_keys_of_the_widest_codes_at_the_int8_extremes_are_exact(dims: int) -> None:
+    """A run's dot products are summed in float32, exact while every partial sum is an integer below 2**24 (codes
+    up to ``_EXACT_DIMS`` wide); wider codes are summed in integers. Row 0's sum is odd and, past the bound,
+    above 2**24: a float32 sum would round it."""
+    rng = np.random.default_rng(dims)
+    codes = rng.choice(np.array([-128, -1, 0, 1, 127], np.int8), (64, dims))
+    codes[0] = -128
+    codes[0, -1] = 127
+    q8 = np.full((1, dims), -127, np.int8)
+    norms = rng.random(64).astype(np.float32)
+    part = np.array([[codes.ctypes.data, norms.ctypes.data, 64, dims]], np.int64)  # read in place, by address
+    step, offset = np.array([0.5]), np.array([0.25])
+    dot = codes.astype(np.int64) @ q8[0].astype(np.int64)
+    assert dot[0] % 2 == 1 and (dot[0] > 2**24) == (dims > ivf_scan._EXACT_DIMS)
+    for l2 in (False, True):
+        heap_key, heap_at = np.empty(64), np.empty(64, np.int64)
+        size = ivf_scan._nearest_runs(part, q8, step, offset, l2, np.array([[0, 0, 64]]), heap_key, heap_at)
+        got = np.empty(64)
+        got[heap_at[:size]] = heap_key[:size]
+        want = (norms * norms).astype(np.float64) - 2.0 * (dot * 0.5 + 0.25) if l2 else -0.5 * dot - 0.25
+        assert size == 64 and np.array_equal(got, want)

@@ -37,6 +37,11 @@ parts' files, and the reload took 1.1 ms over 140 superfiles, against
 which the first query after each commit paid. Links no recent union lists
 are removed (an open searcher keeps its mapped files); a pool whose process
 died is removed by the next process of the same host to make one there.
+
+A pool also merges the segments of its BM25 unions, in the background (``fulltext_merge``): a union of a
+snapshot lists the merged segments the pool has made of its parts in their place. Tantivy's tie order in a
+merged segment is not ``_id`` order, so such a union fetches the rows tied with the k-th, starting each query
+past as many ties as the last one had.
 """
 
 from __future__ import annotations
@@ -88,8 +93,6 @@ _MAX_EXTRA = 4096  # the most hits past k a query starts with (more ties: it fet
 _KEEP_UNIONS = 8  # unions whose files a pool keeps linked (a search may build one for an older snapshot)
 _UNIONS_DIR = "unions"  # where in a cache directory they are
 _MERGES_DIR = "merged"  # where in a pool its merged segments are
-
-
 _MERGED = -2  # UnionIndex.part_of of a merged segment: its runs name the parts
 _NONE: tuple[list[int], np.ndarray, np.ndarray] = ([], np.zeros(0, np.int64), np.zeros(0, np.float32))  # no hit
 

