@@ -146,22 +146,23 @@ class Merges:
 
     def _merge(self, sources: list[Source], key: frozenset[str]) -> None:
         directory = os.path.join(self.directory, uuid.uuid4().hex[:16])
+        made = None
         try:
-            parts, sizes = merge(sources, directory, self.tokenizer)
-        except (OSError, ValueError, RuntimeError) as exc:  # tantivy raises ValueError for its own errors
+            made = merge(sources, directory, self.tokenizer)
+        except Exception as exc:  # a task of its own: any failure leaves the segments apart
             log.info("full-text segments not merged (the union keeps them apart): %s", exc)
             shutil.rmtree(directory, ignore_errors=True)
+        finally:
             with self._lock:
                 self._pending.discard(key)
-                self._failed[key] = True
+                if made is None:
+                    self._failed[key] = True
+                else:
+                    self._made[key] = Merged(directory, *made, self._builds)
                 self._idle.notify_all()
-            return
-        with self._lock:
-            self._pending.discard(key)
-            self._made[key] = Merged(directory, parts, sizes, self._builds)
-            self._idle.notify_all()
-        for listener in _listeners:
-            listener()
+        if made is not None:
+            for listener in _listeners:
+                listener()
 
     def wait(self, timeout: float) -> bool:
         """Whether no merge is pending, waiting up to ``timeout`` seconds (benchmarks and tests)."""
