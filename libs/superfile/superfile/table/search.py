@@ -460,7 +460,7 @@ class Searcher:
         if cols:
             table = self._rows(entries, which[order], offsets[order], cols)
             arrays += [table.column(c) for c in cols]
-        fields = [*_RESULT_FIELDS, *(self.snap.plain_schema.field(c) for c in cols)]
+        fields: list[pa.Field] = [*_RESULT_FIELDS, *(self.snap.plain_schema.field(c) for c in cols)]
         meta: dict[bytes | str, bytes | str] = {
             "superfile.version": str(self.snap.version),
             "superfile.superfiles": str(self.total),
@@ -629,8 +629,8 @@ class Searcher:
             self.total = self.snap.manifest.superfile_count
             self.searched = len(entries)
             parts, rows, scores = union.top(terms, k, mode)
-            found = np.fromiter((ids[p][r] for p, r in zip(parts, rows.tolist(), strict=True)), np.uint64, len(parts))
-            return self._ranked(entries, np.asarray(parts, np.int64), rows, found, scores, k, True, projection)
+            hit_ids = np.fromiter((ids[p][r] for p, r in zip(parts, rows.tolist(), strict=True)), np.uint64, len(parts))
+            return self._ranked(entries, np.asarray(parts, np.int64), rows, hit_ids, scores, k, True, projection)
         if self.corpus is not None:  # a leaf: the root sent only superfiles whose bloom filters may hold the terms
             candidates = self._entries()
             stats = self.corpus
