@@ -4,7 +4,7 @@ A union (``fulltext_union``) searches one segment per superfile. Tantivy looks e
 dictionary and collects every segment's top k from a zero threshold, so 16 segments of 15,625 rows took 1.5x
 the time of one segment of 250,000 (0.74 against 0.48 ms a query, BENCHMARKS.md). A tantivy index merges its
 segments as it grows; a union's are never written by an index writer, so its pool does it: once a union holds
-at least :data:`MIN_SEGMENTS` segments of similar size, one background task merges them with tantivy's own
+at least :data:`MIN_SEGMENTS` segments of similar size, a task on the merge thread merges them with tantivy's own
 merger (an index writer opened on links to their files, whose commit runs tantivy's merge policy). The merged
 segment holds the same postings, norms and ``_row`` fast field, and the union's BM25 statistics (N, token
 total, df per term) are sums over segments either way: scores are identical. Later unions of a snapshot
@@ -20,11 +20,13 @@ made, and the union keeps the separate segments.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 import math
 import os
+import queue
 import shutil
 import threading
 import uuid
@@ -37,7 +39,6 @@ from cachetools import LRUCache
 
 from superfile.format.fulltext import TEXT_FIELD, analyzer_name, make_analyzer
 from superfile.format.tantivy_files import field_norms, read_meta, segment_files
-from superfile.pools import build_pool
 
 __all__ = ["MIN_SEGMENTS", "Merged", "Merges", "Source", "on_merged", "plan"]
 
@@ -52,6 +53,34 @@ _WRITER_HEAP = 20_000_000  # the merging writer indexes nothing; tantivy wants a
 _GRACE = 8  # unions a merged segment may go unused before it is removed (as many as a pool keeps linked)
 
 _listeners: list[Callable[[], None]] = []
+_tasks: queue.SimpleQueue[Callable[[], None]] | None = None  # merges to run, on one daemon thread
+_tasks_lock = threading.Lock()
+
+
+def _submit(task: Callable[[], None]) -> None:
+    """Run ``task`` on this process's merge thread: one merge at a time, beside the searches. A daemon, so a
+    process that searched once and exits does not wait for a merge it will not use (a merge killed half-way
+    leaves only links and files in its pool, which is removed with the pool)."""
+    global _tasks
+    with _tasks_lock:
+        if _tasks is None:
+            _tasks = queue.SimpleQueue()
+            threading.Thread(target=_work, args=(_tasks,), name="superfile-merge", daemon=True).start()
+        _tasks.put(task)
+
+
+def _work(tasks: queue.SimpleQueue[Callable[[], None]]) -> None:
+    while True:
+        tasks.get()()
+
+
+def _forget_tasks() -> None:
+    """In a forked child: the parent's merge thread is not there; the child starts its own."""
+    global _tasks, _tasks_lock
+    _tasks, _tasks_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_tasks)
 
 
 def on_merged(listener: Callable[[], None]) -> None:
@@ -131,7 +160,7 @@ class Merges:
             key = frozenset(p for s in picked for p in s.parts)
             if picked and key not in self._pending and key not in self._failed and key not in self._made:
                 self._pending.add(key)
-                build_pool().submit(self._merge, picked, key)
+                _submit(functools.partial(self._merge, picked, key))
             self._collect()
         return sources
 
