@@ -145,14 +145,11 @@ def _key_of(dot: float, norms: Any, i: int, step: float, offset: float, l2: bool
 
 
 @_compiled_fast
-def _dots(codes: Any, lo: int, n: int, q8: Any, out: Any) -> None:
-    """The dot products of ``q8`` with rows ``lo`` to ``lo + n`` of ``codes`` into ``out``, summed in float32:
-    exact (every partial sum is an integer below 2**24 for codes of at most :data:`_EXACT_DIMS`), so in any
-    order, and vectorised. A run's dots first, then its keys: 20% less time than a key at a time in integers,
-    which numba widens to 64 bits (8 lanes, not 16)."""
-    q = np.empty(len(q8), np.float32)
-    for j in range(len(q8)):
-        q[j] = np.float32(q8[j])
+def _dots(codes: Any, lo: int, n: int, q: Any, out: Any) -> None:
+    """The dot products of ``q`` (a coded query, as float32) with rows ``lo`` to ``lo + n`` of ``codes`` into
+    ``out``, summed in float32: exact (every partial sum is an integer below 2**24 for codes of at most
+    :data:`_EXACT_DIMS`), so in any order, and vectorised. A run's dots first, then its keys: 20% less time than
+    a key at a time in integers, which numba widens to 64 bits (8 lanes, not 16)."""
     for i in range(n):
         row = codes[lo + i]
         total = np.float32(0.0)
@@ -184,6 +181,7 @@ def _nearest_runs(part: Any, q8: Any, step: Any, offset: Any, l2: bool, runs: An
     kept in a max-heap as they are scored: no key array, no second pass. Returns how many it holds."""
     want, size, at = len(heap_key), 0, 0
     dots = np.empty(0, np.float32)
+    q32 = q8.astype(np.float32)  # once a query, not once a run
     for r in range(runs.shape[0]):
         p, lo, n, codes, norms = _run(part, runs, r)
         q = q8[p, : part[p, 3]]
@@ -191,7 +189,7 @@ def _nearest_runs(part: Any, q8: Any, step: Any, offset: Any, l2: bool, runs: An
         if exact:
             if n > len(dots):
                 dots = np.empty(max(n, 2 * len(dots)), np.float32)
-            _dots(codes, lo, n, q, dots)
+            _dots(codes, lo, n, q32[p, : part[p, 3]], dots)
         for i in range(n):
             if exact:
                 key = _key_of(np.float64(dots[i]), norms, lo + i, step[p], offset[p], l2)
