@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -33,7 +34,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import tantivy
 from cachetools import LRUCache
 
@@ -100,9 +100,9 @@ class Source:
     def docs(self) -> int:
         return sum(self.sizes)
 
-    def starts(self) -> np.ndarray:
+    def starts(self) -> list[int]:
         """The first document of each part."""
-        return np.concatenate([[0], np.cumsum(self.sizes[:-1], dtype=np.int64)]).astype(np.int64)
+        return list(itertools.accumulate(self.sizes[:-1], initial=0))
 
 
 @dataclass(frozen=True)

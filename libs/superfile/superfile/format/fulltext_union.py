@@ -248,7 +248,7 @@ def union_of(
         index_of = {_segment_id(layouts[i]): i for i in single}
         for source in pool.merges.cover([_source(layouts[i]) for i in single]):
             if isinstance(source, Merged):
-                runs[len(part_of)] = (source.starts().tolist(), [index_of[p] for p in source.parts])
+                runs[len(part_of)] = (source.starts(), [index_of[p] for p in source.parts])
                 listed.append(_dir_layout(source.directory))
                 part_of.append(_MERGED)
             else:
