@@ -220,7 +220,7 @@ def _check_norms(index: FullTextIndex, norms: Norms) -> None:
     if len(norms.ids) != index.num_docs or quantised > norms.total_tokens:
         raise ValueError("row count or token total disagrees with the fieldnorms")
     avg = np.float32(norms.total_tokens) / np.float32(max(index.num_docs, 1))
-    schema = index.index.schema
+    schema = index.schema
     for term, _ in index.searcher.terms_with_prefix(TEXT_FIELD, "", limit=4):
         query = tantivy.Query.term_query(schema, TEXT_FIELD, term)
         for _, addr in index.searcher.search(query, 2, count=False).hits:
@@ -299,6 +299,7 @@ class FullTextIndex:
         first use) enable :meth:`candidates` and an exact :attr:`total_tokens`. ``searcher``: the one to
         search (default: the index's current one)."""
         self.index = index
+        self.schema = index.schema  # tantivy's getter copies it with the interpreter lock let go: once, not a query
         self.tokenizer = tokenizer
         self._analyzer = make_analyzer(tokenizer)
         self._analyzer_lock = threading.Lock()  # a TextAnalyzer is mutably borrowed while it runs
@@ -398,7 +399,7 @@ class FullTextIndex:
         top = self.searcher.terms_with_prefix(TEXT_FIELD, "", limit=1)
         if not top:
             return 0.0
-        query = tantivy.Query.term_query(self.index.schema, TEXT_FIELD, top[0][0])
+        query = tantivy.Query.term_query(self.schema, TEXT_FIELD, top[0][0])
         hits = self.searcher.search(query, 1, count=False).hits
         stack = [json.loads(query.explain(self.searcher, hits[0][1]).to_json())]
         while stack:
@@ -447,7 +448,7 @@ class FullTextIndex:
             return self._top(query, k)
         if n_allow <= _SMALL_ALLOW:
             members = [r for r in allow.to_array().tolist() if r < self.num_docs]
-            member_query = tantivy.Query.term_set_query(self.index.schema, ROW_FIELD, members)
+            member_query = tantivy.Query.term_set_query(self.schema, ROW_FIELD, members)
             filtered = tantivy.Query.boolean_query(
                 [
                     (tantivy.Occur.Must, query),
@@ -527,8 +528,8 @@ class FullTextIndex:
         """A query matching exactly these row offsets (a union of ``_row`` terms for few rows: a term set
         query scans the whole ``_row`` fast field, ~15 ns per row of the file)."""
         if len(rows) > _ROW_DISJUNCTION:
-            return tantivy.Query.term_set_query(self.index.schema, ROW_FIELD, list(rows))
-        schema = self.index.schema
+            return tantivy.Query.term_set_query(self.schema, ROW_FIELD, list(rows))
+        schema = self.schema
         return tantivy.Query.boolean_query(
             [(tantivy.Occur.Should, tantivy.Query.term_query(schema, ROW_FIELD, r)) for r in rows]
         )
@@ -542,7 +543,7 @@ class FullTextIndex:
         """
         if self.reads_postings(doc_freq, len(docs)):
             return self.posting_scores(term, doc_freq, docs)
-        query = tantivy.Query.term_query(self.index.schema, TEXT_FIELD, term)
+        query = tantivy.Query.term_query(self.schema, TEXT_FIELD, term)
         restricted = tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, only())])
         return _scores_of(self.searcher.search(restricted, len(docs), count=False).hits, docs)
 
@@ -553,12 +554,12 @@ class FullTextIndex:
 
     def posting_scores(self, term: str, doc_freq: int, docs: list[tantivy.DocAddress]) -> np.ndarray:
         """:meth:`term_scores` from all the term's ``doc_freq`` postings."""
-        query = tantivy.Query.term_query(self.index.schema, TEXT_FIELD, term)
+        query = tantivy.Query.term_query(self.schema, TEXT_FIELD, term)
         return _scores_of(self.searcher.search(query, doc_freq, count=False).hits, docs)
 
     def explained_tf(self, term: str, doc: tantivy.DocAddress) -> int:
         """The term's frequency in one doc from tantivy's explanation (slow; for ambiguous inversions)."""
-        query = tantivy.Query.term_query(self.index.schema, TEXT_FIELD, term)
+        query = tantivy.Query.term_query(self.schema, TEXT_FIELD, term)
         return round(_explanation_values(query.explain(self.searcher, doc).to_json())["freq"])
 
     def term_scorer(self, rows: np.ndarray, docs: list[tantivy.DocAddress]) -> Callable[[str, int], np.ndarray]:
@@ -594,7 +595,7 @@ class FullTextIndex:
         bound = min(freqs) if required else min(sum(freqs), self.num_docs)
         if bound == 0:
             return pyroaring.BitMap()
-        schema = self.index.schema
+        schema = self.schema
         if required:
             inner = tantivy.Query.boolean_query(
                 [(tantivy.Occur.Must, tantivy.Query.term_query(schema, TEXT_FIELD, t)) for t in uniq]
@@ -612,13 +613,13 @@ class FullTextIndex:
         bound = self.searcher.doc_freq(HASH_FIELD, h)
         if bound == 0:
             return pyroaring.BitMap()
-        return self._all_rows(tantivy.Query.term_query(self.index.schema, HASH_FIELD, h), bound)
+        return self._all_rows(tantivy.Query.term_query(self.schema, HASH_FIELD, h), bound)
 
     def _scoring_query(self, terms: list[str], required: bool, weights: Mapping[str, float]) -> tantivy.Query:
         occur = tantivy.Occur.Must if required else tantivy.Occur.Should
         clauses = []
         for t in terms:
-            q = tantivy.Query.term_query(self.index.schema, TEXT_FIELD, t)
+            q = tantivy.Query.term_query(self.schema, TEXT_FIELD, t)
             w = weights.get(t, 1.0)
             if not (math.isfinite(w) and w >= 0):
                 raise InvalidOptionError(f"term weight must be a finite number >= 0, got {w!r} for {t!r}")
@@ -811,7 +812,7 @@ class _GlobalPlan:
             raise InvalidOptionError(f"corpus statistics (N={n_glob}, tokens={tokens_glob}) must be >= 0")
         if n_glob == 0 or tokens_glob == 0:
             return None  # no counted row holds a term
-        schema = index.index.schema
+        schema = index.schema
         occur = tantivy.Occur.Must if required else tantivy.Occur.Should
         scored, freqs, boosts, gw, gw32, lw, clauses = [], [], [], [], [], [], []
         for t in terms:

@@ -113,6 +113,7 @@ class UnionIndex:
         part."""
         self.ordered = ordered
         self.index = index
+        self.schema = index.schema  # once: tantivy's getter lets the interpreter lock go
         self.searcher = searcher
         if self.searcher.num_segments != len(part_of_segment):
             raise ValueError(f"union opened {self.searcher.num_segments} segments, listed {len(part_of_segment)}")
@@ -139,7 +140,7 @@ class UnionIndex:
         order, and its top-k is the answer. Otherwise every row tied with the k-th is fetched as well, and
         the caller picks among them by ``_id``."""
         occur = tantivy.Occur.Must if mode == "all" else tantivy.Occur.Should
-        schema = self.index.schema
+        schema = self.schema
         clauses = [tantivy.Query.term_query(schema, TEXT_FIELD, t) for t in terms]
         if boosts is not None:
             clauses = [tantivy.Query.boost_query(q, b) for q, b in zip(clauses, boosts, strict=True)]
@@ -335,7 +336,7 @@ class PaddedUnion:
             if pads is None:
                 return None
             union = union_of(self.parts, self.cache_dir, ordered=self.ordered, pads=pads)
-            probe = tantivy.Query.term_query(union.index.schema, TEXT_FIELD, self.pad_token)
+            probe = tantivy.Query.term_query(union.schema, TEXT_FIELD, self.pad_token)
             fits = checked(union.searcher, probe, self.num_docs, self.total_tokens)
             if not fits:
                 log.warning("tantivy does not score a padded union as expected; leaves rescore their candidates")

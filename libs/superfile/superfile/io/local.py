@@ -158,14 +158,14 @@ class LocalStorage:
 
     def read(self, path: str) -> bytes:
         target = self._path(path)
-        # by descriptor: open, reads to the end, close. Each call releases the interpreter lock, and the pointer is
-        # read once a query: a file object also stats the file twice and checks for a terminal (6 releases, not 4)
+        # by descriptor: open, read, close. Each call lets the interpreter lock go, and the pointer is read once a
+        # query: a file object also stats the file twice and checks for a terminal (6 hand-offs, not 3)
         with self._errors(path):
             fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 head = os.read(fd, _SMALL_READ)
-                if len(head) < _SMALL_READ and not os.read(fd, 1):  # the whole of a small object
-                    return head
+                if len(head) < _SMALL_READ:  # the whole of a small object: a read of a file returns less only at its
+                    return head  # end, and an object is never written in place (a temp file renamed over it)
                 os.lseek(fd, 0, os.SEEK_SET)  # a larger one: read whole into one buffer sized by the file
                 with open(fd, "rb", buffering=0, closefd=False) as f:
                     return f.read()

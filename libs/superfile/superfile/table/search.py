@@ -243,6 +243,11 @@ _UnionOf = tuple[UnionIndex, list[SuperfileEntry], list[np.ndarray]]  # with its
 _VectorUnionOf = tuple[VectorUnion, list[SuperfileEntry], dict[str, int], list[np.ndarray]]
 
 
+def _column(values: np.ndarray, dtype: pa.DataType) -> pa.Array:
+    """A result column over a fresh numpy array's memory: one hand-off of the interpreter lock, not two."""
+    return pa.Array.from_buffers(dtype, len(values), [None, pa.py_buffer(np.ascontiguousarray(values))])
+
+
 def _check_k(k: object) -> int:
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= int(k) <= MAX_K:
         raise InvalidOptionError(f"k must be an integer between 1 and {MAX_K}, got {k!r}")
@@ -454,20 +459,29 @@ class Searcher:
         else:
             order = np.argsort(ids, kind="stable")[:k]
         arrays: list[pa.Array | pa.ChunkedArray] = [
-            pa.array(ids[order], pa.uint64()),
-            pa.array(scores[order], pa.float32()) if scores is not None else pa.nulls(len(order), pa.float32()),
+            _column(ids[order], pa.uint64()),
+            _column(scores[order], pa.float32()) if scores is not None else pa.nulls(len(order), pa.float32()),
         ]
         if cols:
             table = self._rows(entries, which[order], offsets[order], cols)
             arrays += [table.column(c) for c in cols]
-        fields: list[pa.Field] = [*_RESULT_FIELDS, *(self.snap.plain_schema.field(c) for c in cols)]
-        meta: dict[bytes | str, bytes | str] = {
-            "superfile.version": str(self.snap.version),
-            "superfile.superfiles": str(self.total),
-            "superfile.pruned": str(self.total - self.searched),
-            "superfile.searched": str(self.searched),
-        }
-        return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=meta))
+        return pa.Table.from_arrays(arrays, schema=self._result_schema(cols))
+
+    def _result_schema(self, cols: list[str]) -> pa.Schema:
+        """The result's schema with the search's counts as metadata, made once per snapshot and counts."""
+        key = (tuple(cols), self.total, self.searched)
+        schemas = self.snap.memo("result schemas")
+        schema = schemas.get(key)
+        if schema is None:
+            fields: list[pa.Field] = [*_RESULT_FIELDS, *(self.snap.plain_schema.field(c) for c in cols)]
+            meta: dict[bytes | str, bytes | str] = {
+                "superfile.version": str(self.snap.version),
+                "superfile.superfiles": str(self.total),
+                "superfile.pruned": str(self.total - self.searched),
+                "superfile.searched": str(self.searched),
+            }
+            schema = schemas[key] = pa.schema(fields, metadata=meta)
+        return schema
 
     def _rows(self, entries: list[SuperfileEntry], which: np.ndarray, offsets: np.ndarray, cols: list[str]) -> pa.Table:
         """Projected columns of the chosen hits in rank order: read superfile by superfile, then put back."""
