@@ -3,14 +3,18 @@ merged in the background, and searches answer exactly as before (ids, order, sco
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import superfile
+import tantivy
 from superfile.format import fulltext_merge, fulltext_union
+from superfile.format.fulltext import ROW_FIELD, TEXT_FIELD, analyzer_name, index_schema, make_analyzer
 from superfile.format.fulltext_merge import MIN_SEGMENTS, plan
 from superfile.table import search as search_module
 from superfile.table.search import Searcher
@@ -75,6 +79,42 @@ def test_a_merged_union_answers_as_the_segments_did(tmp_path: Path, monkeypatch:
     merged = _search(t, asked)
     assert all(a.equals(b) for a, b in zip(apart, merged, strict=True))
     assert all(r.num_rows for r in merged[::3])
+
+
+def test_a_merged_segment_in_order_locates_hits_by_position(tmp_path: Path) -> None:
+    """A merged segment whose rows were checked in order maps every document to the part and row its ``_row``
+    names, without reading it."""
+    t = _table(tmp_path, pq.read_table(CRANFIELD / "docs.parquet").select(["id", "text"]), 16)
+    t.bm25_search("text", "boundary layer", k=10)
+    assert fulltext_union.merges_done(WAIT_S)
+    union = Searcher(t.snapshot())._union("text")[0]  # type: ignore[index]
+    assert union._positions is not None
+    docs = [tantivy.DocAddress(0, d) for d in range(union.searcher.num_docs)]
+    by_position = union._located(docs)
+    union._positions = None
+    by_row = union._located(docs)
+    assert np.array_equal(by_position[0], by_row[0]) and np.array_equal(by_position[1], by_row[1])
+    assert sorted(set(by_row[0].tolist())) == list(range(16))
+
+
+def _segment(path: Path, rows: list[int]) -> str:
+    """A one-segment index whose documents hold these ``_row`` values, in order."""
+    path.mkdir()
+    index = tantivy.Index(index_schema("english"), path=str(path))
+    index.register_tokenizer(analyzer_name("english"), make_analyzer("english"))
+    writer = index.writer(heap_size=20_000_000, num_threads=1)
+    for row in rows:
+        writer.add_json(json.dumps({ROW_FIELD: row, TEXT_FIELD: "some text"}))
+    writer.commit()
+    writer.wait_merging_threads()
+    return str(path)
+
+
+def test_a_merged_segment_is_in_order_only_if_each_run_holds_its_rows_in_order(tmp_path: Path) -> None:
+    assert fulltext_merge._in_order(_segment(tmp_path / "a", [0, 1, 2, 0, 1]), [3, 2])
+    assert not fulltext_merge._in_order(_segment(tmp_path / "b", [0, 1, 2, 1, 0]), [3, 2])
+    assert not fulltext_merge._in_order(_segment(tmp_path / "c", [0, 1, 2, 0, 1]), [2, 3])
+    assert not fulltext_merge._in_order(_segment(tmp_path / "d", [1, 0]), [2])
 
 
 def test_ties_across_superfiles_break_by_id_after_a_merge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import tantivy
 from cachetools import LRUCache
 
-from superfile.format.fulltext import TEXT_FIELD, analyzer_name, make_analyzer
+from superfile.format.fulltext import ROW_FIELD, TEXT_FIELD, analyzer_name, make_analyzer
 from superfile.format.tantivy_files import field_norms, read_meta, segment_files
 
 __all__ = ["MIN_SEGMENTS", "Merged", "Merges", "Source", "on_merged", "plan"]
@@ -51,6 +51,7 @@ _LEVEL_LOG = 0.75  # a level spans segment sizes within 2**0.75 of its largest
 _MAX_DOCS = 10_000_000  # segments this large are not merged again
 _WRITER_HEAP = 20_000_000  # the merging writer indexes nothing; tantivy wants at least 15 MB a thread
 _GRACE = 8  # unions a merged segment may go unused before it is removed (as many as a pool keeps linked)
+_CHECK_SLICE = 8192  # documents whose rows a merge checks in one call (``_in_order``)
 
 _listeners: list[Callable[[], None]] = []
 _tasks: queue.SimpleQueue[Callable[[], None]] | None = None  # merges to run, on one daemon thread
@@ -107,9 +108,12 @@ class Source:
 
 @dataclass(frozen=True)
 class Merged(Source):
-    """A merged segment, made when its pool had built ``born`` unions."""
+    """A merged segment, made when its pool had built ``born`` unions. ``in_order``: its document ``d`` in the
+    run of part ``i`` is that part's row ``d - starts()[i]`` (checked when made), so a hit needs no look-up of
+    its ``_row``."""
 
     born: int
+    in_order: bool
 
 
 def plan(sizes: Sequence[int]) -> list[int]:
@@ -187,7 +191,7 @@ class Merges:
                 if made is None:
                     self._failed[key] = True
                 else:
-                    self._made[key] = Merged(directory, *made, self._builds)
+                    self._made[key] = Merged(directory, made[0], made[1], self._builds, made[2])
                 self._idle.notify_all()
         if made is not None:
             for listener in _listeners:
@@ -199,10 +203,13 @@ class Merges:
             return self._idle.wait_for(lambda: not self._pending, timeout)
 
 
-def merge(sources: Sequence[Source], directory: str, tokenizer: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+def merge(
+    sources: Sequence[Source], directory: str, tokenizer: str
+) -> tuple[tuple[str, ...], tuple[int, ...], bool]:
     """Merge the segments of ``sources`` into one, in ``directory``, with tantivy's merger; returns the parts
-    it holds and their sizes, in document order. Raises ValueError when tantivy did not merge them into one
-    segment, or the order cannot be told (see the module's docstring)."""
+    it holds and their sizes, in document order, and whether its rows are in order (:attr:`Merged.in_order`).
+    Raises ValueError when tantivy did not merge them into one segment, or the order cannot be told (see the
+    module's docstring)."""
     metas = [read_meta(s.directory) for s in sources]
     if any(len(m["segments"]) != 1 for m in metas):
         raise ValueError("a source has several segments")
@@ -231,7 +238,23 @@ def merge(sources: Sequence[Source], directory: str, tokenizer: str) -> tuple[tu
     order = runs.order(field_norms(directory, TEXT_FIELD)[0].fieldnorms)
     parts = tuple(p for i in order for p in sources[i].parts)
     sizes = tuple(n for i in order for n in sources[i].sizes)
-    return parts, sizes
+    return parts, sizes, _in_order(directory, sizes)
+
+
+def _in_order(directory: str, sizes: Sequence[int]) -> bool:
+    """Whether each run of the merged segment in ``directory`` holds its part's rows in order: its documents'
+    ``_row`` values are ``0 .. size - 1`` run after run. A part indexes row i as document i, and a merge keeps
+    each segment's documents in their order; read here, once a merge (~45 ms for 250,000 rows), in slices
+    that let the interpreter lock go between them."""
+    searcher = tantivy.Index.open(directory).searcher()
+    at = 0
+    for size in sizes:
+        for lo in range(0, size, _CHECK_SLICE):
+            docs = [tantivy.DocAddress(0, at + lo + d) for d in range(min(_CHECK_SLICE, size - lo))]
+            if searcher.fast_field_values(ROW_FIELD, docs) != list(range(lo, lo + len(docs))):
+                return False
+        at += size
+    return True
 
 
 class _Runs:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -94,7 +95,7 @@ _KEEP_UNIONS = 8  # unions whose files a pool keeps linked (a search may build o
 _UNIONS_DIR = "unions"  # where in a cache directory they are
 _MERGES_DIR = "merged"  # where in a pool its merged segments are
 _MERGED = -2  # UnionIndex.part_of of a merged segment: its runs name the parts
-_NONE: tuple[list[int], np.ndarray, np.ndarray] = ([], np.zeros(0, np.int64), np.zeros(0, np.float32))  # no hit
+_NONE = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))  # no hit
 
 
 class UnionIndex:
@@ -107,10 +108,13 @@ class UnionIndex:
         part_of_segment: list[int],
         ordered: bool,
         runs: dict[int, tuple[list[int], list[int]]] | None = None,
+        in_order: Sequence[int] | None = None,
     ) -> None:
         """``ordered``: the parts' rows, in part order, are in ascending ``_id`` order (see :meth:`top`).
         ``runs``: for each merged segment (``part_of`` -2), the first document of each part it holds, and the
-        part."""
+        part. ``in_order``: when every segment is a merged one with its rows in order (``Merged.in_order``),
+        each one's document count: a hit's part and row then follow from its document number, without a
+        look-up of its ``_row`` (~0.25 us a hit)."""
         self.ordered = ordered
         self.index = index
         self.schema = index.schema  # once: tantivy's getter lets the interpreter lock go
@@ -121,6 +125,12 @@ class UnionIndex:
         self.runs = runs or {}
         # hits past k an unordered union fetches first: _TIE_EXTRA, or as many as the last query's ties took
         self._extra = _TIE_EXTRA
+        self._positions: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        if in_order is not None:  # each segment's first position, each run's first position and its part
+            bases = list(itertools.accumulate(in_order[:-1], initial=0))
+            firsts = [bases[s] + first for s in range(len(bases)) for first in self.runs[s][0]]
+            parts = [part for s in range(len(bases)) for part in self.runs[s][1]]
+            self._positions = (np.asarray(bases, np.int64), np.asarray(firsts, np.int64), np.asarray(parts, np.int64))
 
     def _part(self, doc: tantivy.DocAddress) -> int:
         part = self.part_of[doc.segment_ord]
@@ -129,11 +139,23 @@ class UnionIndex:
             return parts[bisect.bisect_right(starts, doc.doc) - 1]
         return part
 
+    def _located(self, docs: list[tantivy.DocAddress]) -> tuple[np.ndarray, np.ndarray]:
+        """Each hit's part index and row offset (int64)."""
+        if self._positions is None:
+            rows = np.asarray(self.searcher.fast_field_values(ROW_FIELD, docs) if docs else [], np.int64)
+            return np.fromiter((self._part(d) for d in docs), np.int64, len(docs)), rows
+        bases, firsts, parts = self._positions
+        at = np.fromiter((d.doc for d in docs), np.int64, len(docs))
+        if len(bases) > 1:
+            at += bases[np.fromiter((d.segment_ord for d in docs), np.int64, len(docs))]
+        run = np.searchsorted(firsts, at, side="right") - 1
+        return parts[run], at - firsts[run]
+
     def top(
         self, terms: Sequence[str], k: int, mode: str, boosts: Sequence[float] | None = None
-    ) -> tuple[list[int], np.ndarray, np.ndarray]:
-        """The BM25 top-``k`` of analysed ``terms`` (mode "any" or "all"), as each hit's part index, row offset
-        (int64) and float32 score, best first; ties break by ``_id`` as on the per-superfile path.
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The BM25 top-``k`` of analysed ``terms`` (mode "any" or "all"), as each hit's part index and row
+        offset (int64) and float32 score, best first; ties break by ``_id`` as on the per-superfile path.
         ``boosts``: one per term, multiplying its weight (``fulltext_pads.boosts_for``).
 
         Tantivy breaks ties by ascending (segment, doc). When the union is ``ordered`` that is ``_id``
@@ -156,9 +178,8 @@ class UnionIndex:
             while tied < len(hits) and hits[tied][0] >= last:  # scores descend
                 tied += 1
             self._extra = min(max(_TIE_EXTRA, tied + _TIE_EXTRA - k), _MAX_EXTRA)
-        docs = [d for _, d in hits]
-        rows = np.asarray(self.searcher.fast_field_values(ROW_FIELD, docs) if docs else [], np.int64)
-        return [self._part(d) for d in docs], rows, np.asarray([s for s, _ in hits], np.float32)
+        parts, rows = self._located([d for _, d in hits])
+        return parts, rows, np.asarray([s for s, _ in hits], np.float32)
 
 
 class UnionText(FullTextIndex):
@@ -243,11 +264,14 @@ def union_of(
     listed: list[_Layout] = []
     part_of: list[int] = []
     runs: dict[int, tuple[list[int], list[int]]] = {}
+    in_order: list[int] | None = []  # each segment's documents while all are merged ones in order
     rest = list(range(len(layouts)))
     if merge:
         single = [i for i, x in enumerate(layouts) if len(x.meta["segments"]) == 1]  # a merge's sources
         index_of = {_segment_id(layouts[i]): i for i in single}
         for source in pool.merges.cover([_source(layouts[i]) for i in single]):
+            if in_order is not None:
+                in_order = [*in_order, source.docs] if isinstance(source, Merged) and source.in_order else None
             if isinstance(source, Merged):
                 runs[len(part_of)] = (source.starts(), [index_of[p] for p in source.parts])
                 listed.append(_dir_layout(source.directory))
@@ -263,7 +287,9 @@ def union_of(
     padding = [_dir_layout(d) for d in pads]
     part_of += [-1 for x in padding for _ in x.meta["segments"]]
     index, searcher = pool.searcher(listed + padding, kept=padding)
-    return UnionIndex(index, searcher, part_of, ordered, runs)
+    if not in_order or len(in_order) != len(part_of):  # a part's own segment, a padding or an unchecked merge
+        in_order = None
+    return UnionIndex(index, searcher, part_of, ordered, runs, in_order)
 
 
 def _segment_id(layout: _Layout) -> str:

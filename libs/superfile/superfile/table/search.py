@@ -643,8 +643,10 @@ class Searcher:
             self.total = self.snap.manifest.superfile_count
             self.searched = len(entries)
             parts, rows, scores = union.top(terms, k, mode)
-            hit_ids = np.fromiter((ids[p][r] for p, r in zip(parts, rows.tolist(), strict=True)), np.uint64, len(parts))
-            return self._ranked(entries, np.asarray(parts, np.int64), rows, hit_ids, scores, k, True, projection)
+            hit_ids = np.fromiter(
+                (ids[p][r] for p, r in zip(parts.tolist(), rows.tolist(), strict=True)), np.uint64, len(parts)
+            )
+            return self._ranked(entries, parts, rows, hit_ids, scores, k, True, projection)
         if self.corpus is not None:  # a leaf: the root sent only superfiles whose bloom filters may hold the terms
             candidates = self._entries()
             stats = self.corpus
@@ -709,8 +711,7 @@ class Searcher:
         if found is None:
             return None
         parts, rows, scores = found
-        at = np.asarray(parts, np.int64)
-        return [_Hits(entries[p], rows[at == p], scores[at == p]) for p in sorted(set(parts))], entries
+        return [_Hits(entries[p], rows[parts == p], scores[parts == p]) for p in sorted(set(parts.tolist()))], entries
 
     def _padded_union(self, column: str) -> tuple[PaddedUnion, list[SuperfileEntry]] | None:
         """This share's superfiles that hold the column's index and no deletes as a :class:`PaddedUnion` with the
