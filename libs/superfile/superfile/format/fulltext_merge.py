@@ -203,9 +203,7 @@ class Merges:
             return self._idle.wait_for(lambda: not self._pending, timeout)
 
 
-def merge(
-    sources: Sequence[Source], directory: str, tokenizer: str
-) -> tuple[tuple[str, ...], tuple[int, ...], bool]:
+def merge(sources: Sequence[Source], directory: str, tokenizer: str) -> tuple[tuple[str, ...], tuple[int, ...], bool]:
     """Merge the segments of ``sources`` into one, in ``directory``, with tantivy's merger; returns the parts
     it holds and their sizes, in document order, and whether its rows are in order (:attr:`Merged.in_order`).
     Raises ValueError when tantivy did not merge them into one segment, or the order cannot be told (see the
