@@ -139,7 +139,7 @@ class UnionIndex:
             return parts[bisect.bisect_right(starts, doc.doc) - 1]
         return part
 
-    def _located(self, docs: list[tantivy.DocAddress]) -> tuple[np.ndarray, np.ndarray]:
+    def _located(self, docs: Sequence[tantivy.DocAddress]) -> tuple[np.ndarray, np.ndarray]:
         """Each hit's part index and row offset (int64)."""
         if self._positions is None:
             rows = np.asarray(self.searcher.fast_field_values(ROW_FIELD, docs) if docs else [], np.int64)
@@ -173,13 +173,13 @@ class UnionIndex:
             if self.ordered or len(hits) < limit or hits[-1][0] < hits[k - 1][0]:
                 break
             limit *= 4
+        found, docs = zip(*hits, strict=True) if hits else ((), ())
+        scores = np.asarray(found, np.float32)
         if not self.ordered and len(hits) >= k:  # the next query starts past as many ties as this one had
-            tied, last = k, hits[k - 1][0]
-            while tied < len(hits) and hits[tied][0] >= last:  # scores descend
-                tied += 1
-            self._extra = min(max(_TIE_EXTRA, tied + _TIE_EXTRA - k), _MAX_EXTRA)
-        parts, rows = self._located([d for _, d in hits])
-        return parts, rows, np.asarray([s for s, _ in hits], np.float32)
+            tied = int(np.count_nonzero(scores[k:] >= scores[k - 1]))  # scores descend
+            self._extra = min(tied + _TIE_EXTRA, _MAX_EXTRA)
+        parts, rows = self._located(docs)
+        return parts, rows, scores
 
 
 class UnionText(FullTextIndex):

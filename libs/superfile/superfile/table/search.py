@@ -239,7 +239,8 @@ class _Hits:
     ids: np.ndarray | None = None  # their ``_id``, where the search has them at hand (else read at the merge)
 
 
-_UnionOf = tuple[UnionIndex, list[SuperfileEntry], list[np.ndarray]]  # with its parts' superfiles and _ids
+# a union with its parts' superfiles, their _ids end to end and where each part's begin
+_UnionOf = tuple[UnionIndex, list[SuperfileEntry], np.ndarray, np.ndarray]
 _VectorUnionOf = tuple[VectorUnion, list[SuperfileEntry], dict[str, int], list[np.ndarray]]
 
 
@@ -608,7 +609,9 @@ class Searcher:
             return None
         entries, parts = self._sorted_parts(entries, column)
         union = union_of(parts, self.snap.files.cache_dir, ordered=self._ordered(entries), merge=True)
-        return union, entries, [self.snap.files.open(e).ids() for e in entries]
+        ids = [self.snap.files.open(e).ids() for e in entries]
+        starts = np.fromiter(itertools.accumulate(map(len, ids[:-1]), initial=0), np.int64, len(ids))
+        return union, entries, np.concatenate(ids), starts
 
     def _sorted_parts(
         self, entries: Sequence[SuperfileEntry], column: str
@@ -637,16 +640,13 @@ class Searcher:
             return self._result([], k, True, projection)
         united = self._union(column) if self.corpus is None else None
         if united is not None:
-            union, entries, ids = united
+            union, entries, ids, starts = united
             # one native search over every superfile, whose term dictionaries skip those without the terms:
             # checking the manifest's bloom filters first cost ~8% of the query and saved tantivy nothing
             self.total = self.snap.manifest.superfile_count
             self.searched = len(entries)
             parts, rows, scores = union.top(terms, k, mode)
-            hit_ids = np.fromiter(
-                (ids[p][r] for p, r in zip(parts.tolist(), rows.tolist(), strict=True)), np.uint64, len(parts)
-            )
-            return self._ranked(entries, parts, rows, hit_ids, scores, k, True, projection)
+            return self._ranked(entries, parts, rows, ids[starts[parts] + rows], scores, k, True, projection)
         if self.corpus is not None:  # a leaf: the root sent only superfiles whose bloom filters may hold the terms
             candidates = self._entries()
             stats = self.corpus
