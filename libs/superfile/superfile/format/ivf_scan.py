@@ -637,30 +637,29 @@ def _first_pass_each(
 
 
 @_compiled
-def _before(dist: _Floats, part: _Ints, rows: _Ints, i: int, j: int) -> bool:
-    """Whether candidate ``i`` ranks before ``j``: by distance, then part, then row."""
-    if dist[i] != dist[j]:
-        return bool(dist[i] < dist[j])
-    return bool(part[i] < part[j] or (part[i] == part[j] and rows[i] < rows[j]))
-
-
-@_compiled
 def _best(dist: _Floats, part: _Ints, rows: _Ints, a: int, b: int, k: int, out: _Ints, at: int) -> int:
     """The first ``k`` of candidates ``a:b`` by (distance, part, row) into ``out[at:]``, in that order; returns
-    the next free place. A pool is small (the rerank depth): each is inserted into the ``k`` held."""
-    cap = min(k, b - a)
-    held = 0
-    for i in range(a, b):
-        j = held
-        while j > 0 and _before(dist, part, rows, i, out[at + j - 1]):
-            j -= 1
-        if j == cap:
-            continue
-        held = min(held + 1, cap)
-        for m in range(held - 1, j, -1):
-            out[at + m] = out[at + m - 1]
-        out[at + j] = i
-    return at + held
+    the next free place. A stable sort by distance, then each run of equal distances (up to the k-th) by (part,
+    row): an insertion of each candidate into the ``k`` held took 0.15 ms at k 100, a hybrid search's depth."""
+    n = b - a
+    cap = min(k, n)
+    order = np.argsort(dist[a:b], kind="mergesort") + a
+    i = 0
+    while i < cap:
+        j = i + 1
+        while j < n and dist[order[j]] == dist[order[i]]:
+            j += 1
+        for x in range(i + 1, j):  # a run of ties, by (part, row)
+            y, m = order[x], x
+            while m > i and (
+                part[order[m - 1]] > part[y] or (part[order[m - 1]] == part[y] and rows[order[m - 1]] > rows[y])
+            ):
+                order[m] = order[m - 1]
+                m -= 1
+            order[m] = y
+        i = j
+    out[at : at + cap] = order[:cap]
+    return at + cap
 
 
 @_compiled
@@ -678,14 +677,8 @@ def _ranked(dist: _Floats, part: _Ints, rows: _Ints, k: int, each: bool) -> _Int
             at = _best(dist, part, rows, i, j, k, out, at)
             i = j
         return out[:at]
-    held = _best(dist, part, rows, 0, len(dist), k, out, 0)
-    for i in range(1, held):  # stable insertion by part
-        x, j = out[i], i
-        while j > 0 and part[out[j - 1]] > part[x]:
-            out[j] = out[j - 1]
-            j -= 1
-        out[j] = x
-    return out[:held]
+    best = out[: _best(dist, part, rows, 0, len(dist), k, out, 0)]
+    return best[np.argsort(part[best], kind="mergesort")]  # by part, stably
 
 
 class IvfParts:

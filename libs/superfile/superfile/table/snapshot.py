@@ -482,10 +482,10 @@ class Snapshot:
 
     def entries(self, where: Predicate | None = None) -> list[SuperfileEntry]:
         """Superfile entries the predicate may match: whole parts are pruned first, loading only the rest. Kept
-        per predicate: checking 16 superfiles' statistics cost ~0.06 ms of a 0.5 ms filtered search."""
-        if where is None:
-            return self._entries(None)
-        return list(self._memos.get_or_load(("entries", str(where)), lambda: self._entries(where))[0])
+        per predicate (and for none): checking 16 superfiles' statistics cost ~0.06 ms of a 0.5 ms filtered
+        search, and listing them ~10 us of every search."""
+        key = ("entries", None if where is None else str(where))
+        return list(self._memos.get_or_load(key, lambda: self._entries(where))[0])
 
     def memo(self, key: Hashable) -> dict[Any, Any]:
         """A dict for values derived from this snapshot under ``key`` (a search's filter: each superfile's allowed
