@@ -1092,16 +1092,17 @@ class Searcher:
             results = [pending.result(), nearest_rows]
         else:
             results = [text(), vec()]
-        ids, fused = rrf_fuse([np.asarray(r.column(ID).to_numpy(), np.uint64) for r in results], k)
-        both = pa.concat_tables([r.select([ID, *cols]) for r in results])
-        first: dict[int, int] = {}
-        for row, i in enumerate(both.column(ID).to_numpy().tolist()):
-            first.setdefault(int(i), row)
-        rows = both.take(pa.array([first[i] for i in ids.tolist()], pa.int64()))
+        ranked = [np.asarray(r.column(ID).to_numpy(), np.uint64) for r in results]
+        ids, fused = rrf_fuse(ranked, k)
+        arrays: list[pa.Array | pa.ChunkedArray] = [_column(ids, pa.uint64()), _column(fused, pa.float64())]
+        if cols:  # each fused row's columns from its first place in the two lists
+            every = np.concatenate(ranked)
+            order = np.argsort(every, kind="stable")
+            first = order[np.searchsorted(every[order], ids)]
+            rows = pa.concat_tables([r.select(cols) for r in results]).take(first)
+            arrays += [rows.column(c) for c in cols]
         fields: list[pa.Field] = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float64())]
         fields += [self.snap.plain_schema.field(c) for c in cols]
-        arrays: list[pa.Array | pa.ChunkedArray] = [rows.column(ID), pa.array(fused, pa.float64())]
-        arrays += [rows.column(c) for c in cols]
         return pa.Table.from_arrays(
             arrays, schema=pa.schema(fields, metadata={"superfile.version": str(self.snap.version)})
         )
