@@ -10,7 +10,7 @@ import numba
 from numba.core import types
 from numba.extending import intrinsic
 
-__all__ = ["compiled", "compiled_fast", "pointer_to"]
+__all__ = ["compiled", "compiled_fast", "compiled_held", "pointer_to"]
 
 
 def pointer_to(dtype: Any) -> Any:
@@ -43,3 +43,13 @@ def compiled_fast(function: Any) -> Any:
         return numba.njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})(function)
     except RuntimeError:
         return numba.njit(nogil=True, fastmath={"reassoc", "nsz"})(function)
+
+
+def compiled_held(function: Any) -> Any:
+    """As :func:`compiled`, keeping the interpreter lock: for a kernel of a few microseconds called from Python.
+    Letting the lock go for that long hands it to a thread waiting for it, then waits to get it back: two
+    context switches, which cost more than the kernel."""
+    try:
+        return numba.njit(cache=True)(function)
+    except RuntimeError:
+        return numba.njit()(function)

@@ -38,6 +38,7 @@ from numba.core import types
 
 from superfile.format.compiled import compiled as _compiled
 from superfile.format.compiled import compiled_fast as _compiled_fast
+from superfile.format.compiled import compiled_held as _compiled_held
 from superfile.format.compiled import pointer_to as _pointer_to
 
 __all__ = ["IvfParts", "IvfSections"]
@@ -662,9 +663,9 @@ def _best(dist: _Floats, part: _Ints, rows: _Ints, a: int, b: int, k: int, out: 
     return at + cap
 
 
-@_compiled
+@_compiled_held
 def _ranked(dist: _Floats, part: _Ints, rows: _Ints, k: int, each: bool) -> _Ints:
-    """:meth:`IvfParts.ranked`."""
+    """:meth:`IvfParts.ranked`: a rerank pool's few hundred candidates, ~3 us, so it keeps the interpreter lock."""
     out = np.empty(len(dist), np.int64)
     if each:
         at, i = 0, 0

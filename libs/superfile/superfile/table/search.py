@@ -1017,9 +1017,12 @@ class Searcher:
         # of routing and reranking besides its scan, so more, smaller waves would cost more than they prune.
         first = max(2, math.ceil(len(entries) / 4)) if np.any(bound > 0) else len(entries)
         hits = search(entries[:first])
-        kth = _kth(hits, k)
-        remaining = [e for e, b in zip(entries[first:], bound[first:].tolist(), strict=True) if kth is None or b <= kth]
-        hits += search(remaining) if remaining else []
+        remaining: list[SuperfileEntry] = []
+        if first < len(entries):
+            kth = _kth(hits, k)
+            later = zip(entries[first:], bound[first:].tolist(), strict=True)
+            remaining = [e for e, b in later if kth is None or b <= kth]
+            hits += search(remaining) if remaining else []
         searched = min(first, len(entries)) + len(remaining)
         self.searched = searched
         return self._result(hits, k, False, projection)
