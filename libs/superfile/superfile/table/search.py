@@ -171,6 +171,7 @@ _RESULT_FIELDS = (pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.
 MAX_PREFIX_TERMS = 64
 RRF_K = 60  # the reciprocal-rank-fusion constant: score = sum over retrievers of 1 / (RRF_K + rank)
 HYBRID_DEPTH = 100  # candidates taken from each retriever before fusion
+_RESULT_SCHEMAS = 256  # result schemas a snapshot keeps (by projection and counts)
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,8 @@ _VectorUnionOf = tuple[VectorUnion, list[SuperfileEntry], dict[str, int], list[n
 
 def _column(values: np.ndarray, dtype: pa.DataType) -> pa.Array:
     """A result column over a fresh numpy array's memory: one hand-off of the interpreter lock, not two."""
-    return pa.Array.from_buffers(dtype, len(values), [None, pa.py_buffer(np.ascontiguousarray(values))])
+    data = np.ascontiguousarray(values, dtype.to_pandas_dtype())
+    return pa.Array.from_buffers(dtype, len(data), [None, pa.py_buffer(data)])
 
 
 def _check_k(k: object) -> int:
@@ -474,6 +476,8 @@ class Searcher:
         schemas = self.snap.memo("result schemas")
         schema = schemas.get(key)
         if schema is None:
+            if len(schemas) >= _RESULT_SCHEMAS:  # many projections asked of one snapshot: start over
+                schemas.clear()
             fields: list[pa.Field] = [*_RESULT_FIELDS, *(self.snap.plain_schema.field(c) for c in cols)]
             meta: dict[bytes | str, bytes | str] = {
                 "superfile.version": str(self.snap.version),
