@@ -139,7 +139,7 @@ class UnionIndex:
             return parts[bisect.bisect_right(starts, doc.doc) - 1]
         return part
 
-    def _located(self, docs: Sequence[tantivy.DocAddress]) -> tuple[np.ndarray, np.ndarray]:
+    def _located(self, docs: list[tantivy.DocAddress]) -> tuple[np.ndarray, np.ndarray]:
         """Each hit's part index and row offset (int64)."""
         if self._positions is None:
             rows = np.asarray(self.searcher.fast_field_values(ROW_FIELD, docs) if docs else [], np.int64)
@@ -178,7 +178,7 @@ class UnionIndex:
         if not self.ordered and len(hits) >= k:  # the next query starts past as many ties as this one had
             tied = int(np.count_nonzero(scores[k:] >= scores[k - 1]))  # scores descend
             self._extra = min(tied + _TIE_EXTRA, _MAX_EXTRA)
-        parts, rows = self._located(docs)
+        parts, rows = self._located(list(docs))
         return parts, rows, scores
 
 
@@ -371,7 +371,7 @@ class PaddedUnion:
 
     def top(
         self, terms: Sequence[str], k: int, mode: str, doc_freq: Sequence[int]
-    ) -> tuple[list[int], np.ndarray, np.ndarray] | None:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """:meth:`UnionIndex.top` with the table's statistics (``doc_freq``: the table's df of each term); None
         when no padding lets every term's weight be boosted exactly (the caller rescores then)."""
         if self.pad_token in terms:

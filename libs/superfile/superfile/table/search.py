@@ -248,7 +248,7 @@ _VectorUnionOf = tuple[VectorUnion, list[SuperfileEntry], dict[str, int], list[n
 def _column(values: np.ndarray, dtype: pa.DataType) -> pa.Array:
     """A result column over a fresh numpy array's memory: one hand-off of the interpreter lock, not two."""
     data = np.ascontiguousarray(values, dtype.to_pandas_dtype())
-    return pa.Array.from_buffers(dtype, len(data), [None, pa.py_buffer(data)])
+    return pa.Array.from_buffers(dtype, len(data), [None, pa.py_buffer(data.data)])
 
 
 def _check_k(k: object) -> int:
