@@ -301,8 +301,7 @@ class FullTextIndex:
         self.index = index
         self.schema = index.schema  # tantivy's getter copies it with the interpreter lock let go: once, not a query
         self.tokenizer = tokenizer
-        self._analyzer = make_analyzer(tokenizer)
-        self._analyzer_lock = threading.Lock()  # a TextAnalyzer is mutably borrowed while it runs
+        self._lock = threading.Lock()  # guards the length cache
         index.register_tokenizer(analyzer_name(tokenizer), make_analyzer(tokenizer))
         self.searcher = index.searcher() if searcher is None else searcher
         self.num_docs: int = self.searcher.num_docs
@@ -345,8 +344,7 @@ class FullTextIndex:
 
     def analyze(self, text: str) -> list[str]:
         """The column's tokenizer applied to ``text``: the tokens a query must use."""
-        with self._analyzer_lock:
-            return self._analyzer.analyze(text)
+        return thread_analyzer(self.tokenizer).analyze(text)
 
     def doc_freq(self, term: str) -> int:
         """Number of rows containing the analysed ``term``."""
@@ -382,7 +380,7 @@ class FullTextIndex:
         found = self._length_cache.get(key)
         if found is None:
             found = _Lengths.make(self.num_docs, self._norm_data(), n_glob, tokens_glob)
-            with self._analyzer_lock:  # a short critical section; the analyzer's lock serves
+            with self._lock:
                 if len(self._length_cache) >= 8:  # a table has one corpus per version: a few suffice
                     self._length_cache.pop(next(iter(self._length_cache)))
                 self._length_cache[key] = found

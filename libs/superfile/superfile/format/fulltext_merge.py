@@ -243,7 +243,7 @@ def _in_order(directory: str, sizes: Sequence[int]) -> bool:
     """Whether each run of the merged segment in ``directory`` holds its part's rows in order: its documents'
     ``_row`` values are ``0 .. size - 1`` run after run. A part indexes row i as document i, and a merge keeps
     each segment's documents in their order; read here, once a merge (~45 ms for 250,000 rows), in slices
-    that let the interpreter lock go between them."""
+    so that no one call holds the interpreter lock for long."""
     searcher = tantivy.Index.open(directory).searcher()
     at = 0
     for size in sizes:

@@ -264,14 +264,13 @@ def union_of(
     listed: list[_Layout] = []
     part_of: list[int] = []
     runs: dict[int, tuple[list[int], list[int]]] = {}
-    in_order: list[int] | None = []  # each segment's documents while all are merged ones in order
+    covered: list[Source] = []
     rest = list(range(len(layouts)))
     if merge:
         single = [i for i, x in enumerate(layouts) if len(x.meta["segments"]) == 1]  # a merge's sources
         index_of = {_segment_id(layouts[i]): i for i in single}
-        for source in pool.merges.cover([_source(layouts[i]) for i in single]):
-            if in_order is not None:
-                in_order = [*in_order, source.docs] if isinstance(source, Merged) and source.in_order else None
+        covered = pool.merges.cover([_source(layouts[i]) for i in single])
+        for source in covered:
             if isinstance(source, Merged):
                 runs[len(part_of)] = (source.starts(), [index_of[p] for p in source.parts])
                 listed.append(_dir_layout(source.directory))
@@ -287,8 +286,9 @@ def union_of(
     padding = [_dir_layout(d) for d in pads]
     part_of += [-1 for x in padding for _ in x.meta["segments"]]
     index, searcher = pool.searcher(listed + padding, kept=padding)
-    if not in_order or len(in_order) != len(part_of):  # a part's own segment, a padding or an unchecked merge
-        in_order = None
+    # by position only if every segment is a merge checked in order (no part's own segment, no padding)
+    checked = [s.docs for s in covered if isinstance(s, Merged) and s.in_order]
+    in_order = checked if checked and len(checked) == len(part_of) else None
     return UnionIndex(index, searcher, part_of, ordered, runs, in_order)
 
 
