@@ -14,7 +14,7 @@ import pytest
 import superfile
 import tantivy
 from superfile.format import fulltext_merge, fulltext_union
-from superfile.format.fulltext import ROW_FIELD, TEXT_FIELD, analyzer_name, index_schema, make_analyzer
+from superfile.format.fulltext import ID_FIELD, ROW_FIELD, TEXT_FIELD, analyzer_name, index_schema, make_analyzer
 from superfile.format.fulltext_merge import MIN_SEGMENTS, plan
 from superfile.table import search as search_module
 from superfile.table.search import Searcher
@@ -52,7 +52,7 @@ def _union_segments(t: superfile.Supertable) -> tuple[int, int]:
     united = Searcher(t.snapshot())._union("text")
     assert united is not None
     union = united[0]
-    return union.searcher.num_segments, len(union.runs)
+    return union.searcher.num_segments, len(union.merged)
 
 
 def _search(t: superfile.Supertable, asked: list[tuple[str, str, int]]) -> list[pa.Table]:
@@ -81,45 +81,68 @@ def test_a_merged_union_answers_as_the_segments_did(tmp_path: Path, monkeypatch:
     assert all(r.num_rows for r in merged[::3])
 
 
-def test_a_merged_segment_in_order_locates_hits_by_position(tmp_path: Path) -> None:
-    """A merged segment whose rows were checked in order maps every document to the part and row its ``_row``
-    names, without reading it."""
+def test_a_merged_segment_locates_each_document_and_keeps_id_order(tmp_path: Path) -> None:
+    """Appended rows merge into a segment in ``_id`` order (tantivy took its inputs in an order of its own), so
+    the union breaks ties by document; each document's part and row name the row whose ``_id`` it holds."""
     t = _table(tmp_path, pq.read_table(CRANFIELD / "docs.parquet").select(["id", "text"]), 16)
     t.bm25_search("text", "boundary layer", k=10)
     assert fulltext_union.merges_done(WAIT_S)
-    union = Searcher(t.snapshot())._union("text")[0]  # type: ignore[index]
-    assert union._positions is not None
+    union, _, ids, starts = Searcher(t.snapshot())._union("text")  # type: ignore[misc]
+    assert union.searcher.num_segments == 1 and union.ordered
     docs = [tantivy.DocAddress(0, d) for d in range(union.searcher.num_docs)]
-    by_position = union._located(docs)
-    union._positions = None
-    by_row = union._located(docs)
-    assert np.array_equal(by_position[0], by_row[0]) and np.array_equal(by_position[1], by_row[1])
-    assert sorted(set(by_row[0].tolist())) == list(range(16))
+    parts, rows = union._located(docs)
+    held = np.asarray(union.searcher.fast_field_values(ID_FIELD, docs), np.uint64)
+    assert np.array_equal(ids[starts[parts] + rows], held)
+    assert np.array_equal(rows, union.searcher.fast_field_values(ROW_FIELD, docs))
+    assert np.all(held[1:] > held[:-1]) and sorted(set(parts.tolist())) == list(range(16))
 
 
-def _segment(path: Path, rows: list[int]) -> str:
-    """A one-segment index whose documents hold these ``_row`` values, in order."""
+def _segment(path: Path, ids: list[int], *, with_ids: bool = True) -> fulltext_merge.Source:
+    """A one-part source: an index whose document i is row i with this ``_id``."""
     path.mkdir()
     index = tantivy.Index(index_schema("english"), path=str(path))
     index.register_tokenizer(analyzer_name("english"), make_analyzer("english"))
     writer = index.writer(heap_size=20_000_000, num_threads=1)
-    for row in rows:
-        writer.add_json(json.dumps({ROW_FIELD: row, TEXT_FIELD: "some text"}))
+    for row, id_ in enumerate(ids):
+        writer.add_json(json.dumps({ROW_FIELD: row, TEXT_FIELD: "some text", **({ID_FIELD: id_} if with_ids else {})}))
     writer.commit()
     writer.wait_merging_threads()
-    return str(path)
+    meta = json.loads((path / "meta.json").read_text())
+    if not with_ids:  # as indexes written before the field was added
+        meta["schema"] = [f for f in meta["schema"] if f["name"] != ID_FIELD]
+        (path / "meta.json").write_text(json.dumps(meta))
+    return fulltext_merge.Source(str(path), (meta["segments"][0]["segment_id"],), (len(ids),))
 
 
-def test_a_merged_segment_is_in_order_only_if_each_run_holds_its_rows_in_order(tmp_path: Path) -> None:
-    assert fulltext_merge._in_order(_segment(tmp_path / "a", [0, 1, 2, 0, 1]), [3, 2])
-    assert not fulltext_merge._in_order(_segment(tmp_path / "b", [0, 1, 2, 1, 0]), [3, 2])
-    assert not fulltext_merge._in_order(_segment(tmp_path / "c", [0, 1, 2, 0, 1]), [2, 3])
-    assert not fulltext_merge._in_order(_segment(tmp_path / "d", [1, 0]), [2])
+def test_a_merge_sorts_by_id_and_knows_where_each_document_came_from(tmp_path: Path) -> None:
+    """Sources whose ``_id`` ranges interleave merge into ``_id`` order where each is in order, and not where one
+    is not; every document's part and row are found either way. Sources without the field are not merged."""
+    rng = np.random.default_rng(7)
+    blocks = [list(range(i * 100, i * 100 + 30)) for i in rng.permutation(MIN_SEGMENTS).tolist()]
+    blocks[2] = [b + 50 for b in blocks[1]]  # interleaved with another source's range, still ascending
+    sources = [_segment(tmp_path / f"s{i}", b) for i, b in enumerate(blocks)]
+    merged = fulltext_merge.merge(sources, str(tmp_path / "m"), "english")
+    assert merged.ordered and merged.docs == 30 * MIN_SEGMENTS
+    located = [blocks[p][r] for p, r in zip(merged.part.tolist(), merged.rows.tolist(), strict=True)]
+    assert located == sorted(located)
+
+    shuffled = [b[::-1] if i == 3 else b for i, b in enumerate(blocks)]  # one source out of _id order
+    sources = [_segment(tmp_path / f"u{i}", b) for i, b in enumerate(shuffled)]
+    merged = fulltext_merge.merge(sources, str(tmp_path / "n"), "english")
+    assert not merged.ordered
+    searcher = tantivy.Index.open(str(tmp_path / "n")).searcher()
+    held = searcher.fast_field_values(ID_FIELD, [tantivy.DocAddress(0, d) for d in range(merged.docs)])
+    assert [shuffled[p][r] for p, r in zip(merged.part.tolist(), merged.rows.tolist(), strict=True)] == held
+
+    old = [_segment(tmp_path / f"o{i}", b, with_ids=i > 0) for i, b in enumerate(blocks)]
+    with pytest.raises(ValueError, match="no _id"):
+        fulltext_merge.merge(old, str(tmp_path / "o"), "english")
 
 
 def test_ties_across_superfiles_break_by_id_after_a_merge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows of equal text in every superfile score alike: the merged segment's document order is not ``_id``
-    order, and the union still returns the lowest ``_id``\\ s among the rows tied with the k-th."""
+    """Rows of equal text in every superfile score alike: the union returns the lowest ``_id``\\ s among the rows
+    tied with the k-th, from a merged segment in ``_id`` order and from one whose union is told it is not
+    (then it fetches the ties past k)."""
     words = ["alpha", "beta", "gamma", "delta", "alpha beta", "gamma delta", "alpha gamma", "beta"]
     texts = [words[i % len(words)] + (" filler" * (i % 3)) for i in range(960)]
     t = _table(tmp_path, pa.table({"id": list(range(960)), "text": texts}), 12)
@@ -132,11 +155,17 @@ def test_ties_across_superfiles_break_by_id_after_a_merge(tmp_path: Path, monkey
     assert _union_segments(t) == (1, 1)
     merged = _search(t, asked)
     assert all(a.equals(b) for a, b in zip(one_by_one, merged, strict=True))
+    with monkeypatch.context() as m:
+        m.setattr(Searcher, "_ordered", lambda self, entries: False)
+        m.setattr(search_module, "_unions", search_module._NewestSnapshots())
+        assert not Searcher(t.snapshot())._union("text")[0].ordered  # type: ignore[index]
+        unordered = _search(t, asked)
+    assert all(a.equals(b) for a, b in zip(one_by_one, unordered, strict=True))
 
 
-def test_segments_told_apart_only_by_their_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Superfiles of equal norms: equal files merge (either order answers the same); different files with
-    equal norms cannot be told apart in the merged segment, so they are left unmerged, and answers are right."""
+def test_superfiles_of_equal_norms_merge(tmp_path: Path) -> None:
+    """Superfiles whose rows all have one length, of equal text or not, merge (a merged document is located by
+    its ``_id``, not by its norms), and answers are right."""
     same = pa.table({"id": list(range(8 * 50)), "text": ["one two three"] * (8 * 50)})
     t = _table(tmp_path / "same", same, 8)
     expected = t.bm25_search("text", "two", k=30, projection=["_id", "score"])
@@ -148,7 +177,7 @@ def test_segments_told_apart_only_by_their_files(tmp_path: Path, monkeypatch: py
     t = _table(tmp_path / "apart", pa.table({"id": list(range(8 * 50)), "text": texts}), 8)
     assert t.bm25_search("text", "word3", k=60, projection=["id"])["id"].to_pylist() == list(range(150, 200))
     assert fulltext_union.merges_done(WAIT_S)
-    assert _union_segments(t) == (8, 0)
+    assert _union_segments(t) == (1, 1)
     assert t.bm25_search("text", "word5 more5", k=60, projection=["id"])["id"].to_pylist() == list(range(250, 300))
 
 

@@ -5,16 +5,19 @@ index files (:mod:`superfile.format.archive`), extracted once into a cache
 directory and reused afterwards. What this module reads from tantivy's own
 files (the norms) is parsed by :mod:`superfile.format.tantivy_files`.
 
-Inside each index (one per column) there are three fields:
+Inside each index (one per column) there are four fields:
 
 - ``_row``: u64, indexed + fast. The row offset in the Parquet part. Hits are
   mapped to rows through it, never through segment order.
+- ``_id``: u64, fast. The row's ``_id``: the merge of several superfiles'
+  segments (``fulltext_merge``) orders its documents by it. Indexes written
+  before it was added lack it, and are not merged.
 - ``text``: the column's text, analysed by the column's tokenizer, indexed
   with term frequencies (BM25) but no positions, not stored (Parquet is the store).
 - ``_h_text``: u64, indexed. 64 bits of BLAKE2b of the raw UTF-8 value, so an
   exact-value lookup is one term lookup whose cost is proportional to its matches.
 
-Null values add a document with ``_row`` only: no terms, no hash.
+Null values add a document with ``_row`` and ``_id`` only: no terms, no hash.
 
 Besides tantivy's files the blob carries ``superfile-norms``: every row's
 tantivy fieldnorm id (its quantised analysed length) and the exact token total,
@@ -79,6 +82,7 @@ __all__ = [
 TOKENIZERS = ("english", "simple", "raw", "whitespace")
 
 ROW_FIELD = "_row"
+ID_FIELD = "_id"
 TEXT_FIELD = "text"
 HASH_FIELD = "_h_text"
 INDEX_OPTION = "freq"  # BM25 needs term frequencies and field norms; no phrase queries, so no positions
@@ -151,6 +155,7 @@ def index_schema(tokenizer: str) -> tantivy.Schema:
     sb.add_unsigned_field(ROW_FIELD, indexed=True, fast=True)
     sb.add_text_field(TEXT_FIELD, stored=False, tokenizer_name=analyzer_name(tokenizer), index_option=INDEX_OPTION)
     sb.add_unsigned_field(HASH_FIELD, indexed=True)
+    sb.add_unsigned_field(ID_FIELD, fast=True)  # last: the other fields keep the numbers they had before it
     return sb.build()
 
 
@@ -244,8 +249,11 @@ def _explanation_values(explanation_json: str) -> dict[str, float]:
     return out
 
 
-def build_fulltext(values: pa.Array | pa.ChunkedArray, tokenizer: str, *, work_dir: str | None = None) -> FullTextBlob:
-    """Index one text column; document i is row offset i. Uses one writer thread and one commit."""
+def build_fulltext(
+    values: pa.Array | pa.ChunkedArray, ids: np.ndarray, tokenizer: str, *, work_dir: str | None = None
+) -> FullTextBlob:
+    """Index one text column; document i is row offset i, whose ``_id`` is ``ids[i]``. Uses one writer thread
+    and one commit."""
     analyzer = make_analyzer(tokenizer)
     tmp = tempfile.mkdtemp(prefix="sf-fts-", dir=work_dir)
     try:
@@ -253,11 +261,12 @@ def build_fulltext(values: pa.Array | pa.ChunkedArray, tokenizer: str, *, work_d
         index.register_tokenizer(analyzer_name(tokenizer), analyzer)
         writer = index.writer(heap_size=_WRITER_HEAP, num_threads=1)
         dumps = json.dumps  # add_json measured a little faster than add_document (see docs/format.md)
-        for row, value in enumerate(values.to_pylist()):
+        for row, (value, id_) in enumerate(zip(values.to_pylist(), ids.tolist(), strict=True)):
             if value is None:
-                writer.add_json(dumps({ROW_FIELD: row}))
+                writer.add_json(dumps({ROW_FIELD: row, ID_FIELD: id_}))
             else:
-                writer.add_json(dumps({ROW_FIELD: row, TEXT_FIELD: value, HASH_FIELD: value_hash(value)}))
+                doc = {ROW_FIELD: row, ID_FIELD: id_, TEXT_FIELD: value, HASH_FIELD: value_hash(value)}
+                writer.add_json(dumps(doc))
         writer.commit()
         writer.wait_merging_threads()
         index.reload()

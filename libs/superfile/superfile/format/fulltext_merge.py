@@ -10,19 +10,19 @@ segment holds the same postings, norms and ``_row`` fast field, and the union's 
 total, df per term) are sums over segments either way: scores are identical. Later unions of a snapshot
 holding those superfiles list the merged segment in their place.
 
-Tantivy does not say in which order it concatenates the segments (its merge candidates come from a hash map),
-and a union maps each hit to its superfile. The order is recovered from the fieldnorms: each input's
-per-document norm bytes appear, whole, as one run of the merged segment's. Inputs with equal norms are told
-apart only when their files are equal too (either mapping then answers the same); otherwise that merge is not
-made, and the union keeps the separate segments.
+Tantivy does not say in which order its merger takes the segments (its merge candidates come from a hash map).
+The merge is told to sort its documents by the ``_id`` fast field every superfile's index holds
+(``fulltext.ID_FIELD``; tantivy's ``sort_by_field``, set in the merge directory's settings only): with sources
+whose rows are in ``_id`` order, as appended rows are, the merged segment is in ``_id`` order too, so a union
+listing it breaks ties by document as the table breaks them by ``_id``, and fetches nothing past k. Each
+document's part and row are read once after the merge (its ``_id`` and ``_row``), whatever order tantivy chose.
+Indexes written before the ``_id`` field are not merged.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import functools
-import hashlib
-import itertools
 import json
 import logging
 import math
@@ -32,13 +32,14 @@ import shutil
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import cast
 
+import numpy as np
 import tantivy
 from cachetools import LRUCache
 
-from superfile.format.fulltext import ROW_FIELD, TEXT_FIELD, analyzer_name, make_analyzer
-from superfile.format.tantivy_files import field_norms, read_meta, segment_files
+from superfile.format.fulltext import ID_FIELD, ROW_FIELD, analyzer_name, make_analyzer
+from superfile.format.tantivy_files import read_meta, segment_files
 
 __all__ = ["MIN_SEGMENTS", "Merged", "Merges", "Source", "on_merged", "plan"]
 
@@ -51,7 +52,7 @@ _LEVEL_LOG = 0.75  # a level spans segment sizes within 2**0.75 of its largest
 _MAX_DOCS = 10_000_000  # segments this large are not merged again
 _WRITER_HEAP = 20_000_000  # the merging writer indexes nothing; tantivy wants at least 15 MB a thread
 _GRACE = 8  # unions a merged segment may go unused before it is removed (as many as a pool keeps linked)
-_CHECK_SLICE = 8192  # documents whose rows a merge checks in one call (``_in_order``)
+_READ_SLICE = 8192  # documents whose fast field values a merge reads in one call (``_column``)
 
 _listeners: list[Callable[[], None]] = []
 _tasks: queue.SimpleQueue[Callable[[], None]] | None = None  # merges to run, on one daemon thread
@@ -89,31 +90,28 @@ def on_merged(listener: Callable[[], None]) -> None:
     _listeners.append(listener)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Source:
-    """One segment a union lists: a part's own (one part) or a merged one (several, in document order)."""
+    """One segment a union lists: a part's own (one part) or a merged one (several)."""
 
     directory: str
-    parts: tuple[str, ...]  # the parts' keys (their segment ids), in the order of their documents
+    parts: tuple[str, ...]  # the parts' keys (their segment ids)
     sizes: tuple[int, ...]  # documents of each
 
     @property
     def docs(self) -> int:
         return sum(self.sizes)
 
-    def starts(self) -> list[int]:
-        """The first document of each part."""
-        return list(itertools.accumulate(self.sizes[:-1], initial=0))
 
-
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Merged(Source):
-    """A merged segment, made when its pool had built ``born`` unions. ``in_order``: its document ``d`` in the
-    run of part ``i`` is that part's row ``d - starts()[i]`` (checked when made), so a hit needs no look-up of
-    its ``_row``."""
+    """A merged segment, made when its pool had built ``born`` unions: its document ``d`` is row ``rows[d]`` of
+    part ``parts[part[d]]``. ``ordered``: its documents are in ascending ``_id`` order."""
 
     born: int
-    in_order: bool
+    part: np.ndarray  # int32, a document's index into ``parts``
+    rows: np.ndarray  # int32
+    ordered: bool
 
 
 def plan(sizes: Sequence[int]) -> list[int]:
@@ -179,7 +177,7 @@ class Merges:
 
     def _merge(self, sources: list[Source], key: frozenset[str]) -> None:
         directory = os.path.join(self.directory, uuid.uuid4().hex[:16])
-        made = None
+        made: Merged | None = None
         try:
             made = merge(sources, directory, self.tokenizer)
         except Exception as exc:  # a task of its own: any failure leaves the segments apart
@@ -191,7 +189,7 @@ class Merges:
                 if made is None:
                     self._failed[key] = True
                 else:
-                    self._made[key] = Merged(directory, made[0], made[1], self._builds, made[2])
+                    self._made[key] = dataclasses.replace(made, born=self._builds)
                 self._idle.notify_all()
         if made is not None:
             for listener in _listeners:
@@ -203,24 +201,28 @@ class Merges:
             return self._idle.wait_for(lambda: not self._pending, timeout)
 
 
-def merge(sources: Sequence[Source], directory: str, tokenizer: str) -> tuple[tuple[str, ...], tuple[int, ...], bool]:
-    """Merge the segments of ``sources`` into one, in ``directory``, with tantivy's merger; returns the parts
-    it holds and their sizes, in document order, and whether its rows are in order (:attr:`Merged.in_order`).
-    Raises ValueError when tantivy did not merge them into one segment, or the order cannot be told (see the
-    module's docstring)."""
+def merge(sources: Sequence[Source], directory: str, tokenizer: str) -> Merged:
+    """Merge the segments of ``sources`` into one, in ``directory``, with tantivy's merger, its documents sorted
+    by ``_id``; returns it (``born`` 0). Raises ValueError when a source's index has no ``_id`` field, or tantivy
+    did not merge them into one segment."""
     metas = [read_meta(s.directory) for s in sources]
     if any(len(m["segments"]) != 1 for m in metas):
         raise ValueError("a source has several segments")
-    runs = _Runs([field_norms(s.directory, TEXT_FIELD)[0].fieldnorms for s in sources], sources)
+    if any(ID_FIELD not in {f["name"] for f in m["schema"]} for m in metas):
+        raise ValueError(f"a source's index has no {ID_FIELD} field (written before it was added)")
+    known = [_documents(s) for s in sources]  # before the merge: a merged source is read from its own files
     os.makedirs(directory)
     for source, meta in zip(sources, metas, strict=True):
         for name in segment_files(source.directory, meta):
             os.symlink(os.path.join(source.directory, name), os.path.join(directory, name))
-    head = {**metas[0], "segments": [m["segments"][0] for m in metas], "opstamp": max(m["opstamp"] for m in metas)}
-    tmp = os.path.join(directory, "meta.json.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(head, fh)
-    os.replace(tmp, os.path.join(directory, "meta.json"))
+    settings = metas[0]["index_settings"]
+    head = {
+        **metas[0],
+        "index_settings": {**settings, "sort_by_field": {"field": ID_FIELD, "order": "Asc"}},
+        "segments": [m["segments"][0] for m in metas],
+        "opstamp": max(m["opstamp"] for m in metas),
+    }
+    _write_meta(directory, head)
     index = tantivy.Index.open(directory)
     index.register_tokenizer(analyzer_name(tokenizer), make_analyzer(tokenizer))
     writer = index.writer(heap_size=_WRITER_HEAP, num_threads=1)
@@ -230,82 +232,58 @@ def merge(sources: Sequence[Source], directory: str, tokenizer: str) -> tuple[tu
     total = sum(s.docs for s in sources)
     if len(meta["segments"]) != 1 or int(meta["segments"][0]["max_doc"]) != total:
         raise ValueError(f"tantivy left {len(meta['segments'])} segments, not one of {total} documents")
+    _write_meta(directory, {**meta, "index_settings": settings})  # unions list it with their own settings
     for entry in os.scandir(directory):  # the links to the sources (tantivy removed none: it did not make them)
         if entry.is_symlink():
             os.unlink(entry.path)
-    order = runs.order(field_norms(directory, TEXT_FIELD)[0].fieldnorms)
-    parts = tuple(p for i in order for p in sources[i].parts)
-    sizes = tuple(n for i in order for n in sources[i].sizes)
-    return parts, sizes, _in_order(directory, sizes)
+    parts = tuple(p for s in sources for p in s.parts)
+    sizes = tuple(n for s in sources for n in s.sizes)
+    ids = _column(directory, ID_FIELD, total)
+    part, rows = _locate(ids, known, [len(s.parts) for s in sources])
+    if not np.array_equal(rows, _column(directory, ROW_FIELD, total)):
+        raise ValueError("the merged segment's rows are not its sources' rows")
+    ordered = bool(np.all(ids[1:] > ids[:-1]))
+    return Merged(directory, parts, sizes, 0, part.astype(np.int32), rows.astype(np.int32), ordered)
 
 
-def _in_order(directory: str, sizes: Sequence[int]) -> bool:
-    """Whether each run of the merged segment in ``directory`` holds its part's rows in order: its documents'
-    ``_row`` values are ``0 .. size - 1`` run after run. A part indexes row i as document i, and a merge keeps
-    each segment's documents in their order; read here, once a merge (~45 ms for 250,000 rows), in slices
-    so that no one call holds the interpreter lock for long."""
+def _write_meta(directory: str, meta: dict[str, object]) -> None:
+    tmp = os.path.join(directory, "meta.json.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(meta, fh)
+    os.replace(tmp, os.path.join(directory, "meta.json"))
+
+
+def _documents(source: Source) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each document of ``source``: its ``_id``, its part (an index into ``source.parts``) and its row."""
+    ids = _column(source.directory, ID_FIELD, source.docs)
+    if isinstance(source, Merged):
+        return ids, source.part, source.rows
+    return ids, np.zeros(len(ids), np.int32), np.arange(len(ids), dtype=np.int32)  # a part's row i is document i
+
+
+def _locate(
+    ids: np.ndarray, known: list[tuple[np.ndarray, np.ndarray, np.ndarray]], parts: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The part (numbered across the sources, in order; ``parts``: how many each has) and row of each merged
+    document, found by its ``_id`` among the sources' documents (``known``). Raises ValueError unless every
+    ``_id`` is one source document's."""
+    first = np.cumsum([0, *parts[:-1]])
+    every_id = np.concatenate([i for i, _, _ in known])
+    every_part = np.concatenate([part + base for (_, part, _), base in zip(known, first, strict=True)])
+    every_row = np.concatenate([rows for _, _, rows in known])
+    order = np.argsort(every_id, kind="stable")
+    at = order[np.minimum(np.searchsorted(every_id, ids, sorter=order), len(order) - 1)]
+    if len(ids) != len(every_id) or not np.array_equal(every_id[at], ids) or len(np.unique(at)) != len(at):
+        raise ValueError("the merged segment's _ids are not its sources' (each once)")
+    return every_part[at], every_row[at]
+
+
+def _column(directory: str, field: str, docs: int) -> np.ndarray:
+    """A one-segment index's fast field ``field`` for every document (uint64), read in slices so that no one call
+    holds the interpreter lock for long (~45 ms for 250,000 documents)."""
     searcher = tantivy.Index.open(directory).searcher()
-    at = 0
-    for size in sizes:
-        for lo in range(0, size, _CHECK_SLICE):
-            docs = [tantivy.DocAddress(0, at + lo + d) for d in range(min(_CHECK_SLICE, size - lo))]
-            if searcher.fast_field_values(ROW_FIELD, docs) != list(range(lo, lo + len(docs))):
-                return False
-        at += size
-    return True
-
-
-class _Runs:
-    """The sources' norms, by length and digest: where in a merged segment each source's documents are."""
-
-    def __init__(self, norms: list[bytes], sources: Sequence[Source]) -> None:
-        """Raises ValueError when two sources have equal norms and different files (their order is unknowable)."""
-        self.sizes = [len(n) for n in norms]
-        self.known: dict[tuple[int, bytes], list[int]] = {}
-        for i, n in enumerate(norms):
-            self.known.setdefault((len(n), _digest(n)), []).append(i)
-        for same in self.known.values():
-            if len(same) > 1 and not all(_same_files(sources[same[0]], sources[i]) for i in same[1:]):
-                raise ValueError("two segments have the same norms but not the same files")
-
-    def order(self, merged: bytes) -> list[int]:
-        """The sources in the merged segment's document order: each one's norms are one run of ``merged``."""
-        lengths = sorted(set(self.sizes))
-        order: list[int] = []
-        pos = 0
-        while pos < len(merged):
-            found = [
-                i
-                for size in lengths
-                for i in self.known.get((size, _digest(merged[pos : pos + size])), [])
-                if i not in order
-            ]
-            if not found or any(self.sizes[i] != self.sizes[found[0]] for i in found):
-                raise ValueError(f"no single source's norms at document {pos} of the merged segment")
-            order.append(found[0])
-            pos += self.sizes[found[0]]
-        if sorted(order) != list(range(len(self.sizes))):
-            raise ValueError("the merged segment's norms are not its sources' in some order")
-        return order
-
-
-def _digest(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=16).digest()
-
-
-def _same_files(a: Source, b: Source) -> bool:
-    """Whether two single-part sources' segment files have equal contents (by extension)."""
-    if len(a.parts) != 1 or len(b.parts) != 1:
-        return False
-
-    def contents(source: Source) -> dict[str, bytes]:
-        names = segment_files(source.directory, read_meta(source.directory))
-        out = {}
-        for name in names:
-            with open(os.path.join(source.directory, name), "rb") as fh:
-                out[name.split(".", 1)[1]] = fh.read()
-        return out
-
-    with contextlib.suppress(OSError):
-        return contents(a) == contents(b)
-    return False
+    out = np.empty(docs, np.uint64)
+    for lo in range(0, docs, _READ_SLICE):
+        addresses = [tantivy.DocAddress(0, d) for d in range(lo, min(lo + _READ_SLICE, docs))]
+        out[lo : lo + len(addresses)] = cast(list[int], searcher.fast_field_values(field, addresses))
+    return out

@@ -46,10 +46,8 @@ past as many ties as the last one had.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -94,7 +92,7 @@ _MAX_EXTRA = 4096  # the most hits past k a query starts with (more ties: it fet
 _KEEP_UNIONS = 8  # unions whose files a pool keeps linked (a search may build one for an older snapshot)
 _UNIONS_DIR = "unions"  # where in a cache directory they are
 _MERGES_DIR = "merged"  # where in a pool its merged segments are
-_MERGED = -2  # UnionIndex.part_of of a merged segment: its runs name the parts
+_MERGED = -2  # UnionIndex.part_of of a merged segment: its arrays name each document's part
 _NONE = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))  # no hit
 
 
@@ -107,14 +105,11 @@ class UnionIndex:
         searcher: tantivy.Searcher,
         part_of_segment: list[int],
         ordered: bool,
-        runs: dict[int, tuple[list[int], list[int]]] | None = None,
-        in_order: Sequence[int] | None = None,
+        merged: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
     ) -> None:
-        """``ordered``: the parts' rows, in part order, are in ascending ``_id`` order (see :meth:`top`).
-        ``runs``: for each merged segment (``part_of`` -2), the first document of each part it holds, and the
-        part. ``in_order``: when every segment is a merged one with its rows in order (``Merged.in_order``),
-        each one's document count: a hit's part and row then follow from its document number, without a
-        look-up of its ``_row`` (~0.25 us a hit)."""
+        """``ordered``: the segments' documents, in order, are in ascending ``_id`` order (see :meth:`top`).
+        ``merged``: for each merged segment (``part_of`` -2), its parts' indexes in the union and each
+        document's part (an index into those) and row (``fulltext_merge.Merged``)."""
         self.ordered = ordered
         self.index = index
         self.schema = index.schema  # once: tantivy's getter lets the interpreter lock go
@@ -122,34 +117,28 @@ class UnionIndex:
         if self.searcher.num_segments != len(part_of_segment):
             raise ValueError(f"union opened {self.searcher.num_segments} segments, listed {len(part_of_segment)}")
         self.part_of = list(part_of_segment)
-        self.runs = runs or {}
+        self.merged = merged or {}
         # hits past k an unordered union fetches first: _TIE_EXTRA, or as many as the last query's ties took
         self._extra = _TIE_EXTRA
-        self._positions: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        if in_order is not None:  # each segment's first position, each run's first position and its part
-            bases = list(itertools.accumulate(in_order[:-1], initial=0))
-            firsts = [bases[s] + first for s in range(len(bases)) for first in self.runs[s][0]]
-            parts = [part for s in range(len(bases)) for part in self.runs[s][1]]
-            self._positions = (np.asarray(bases, np.int64), np.asarray(firsts, np.int64), np.asarray(parts, np.int64))
-
-    def _part(self, doc: tantivy.DocAddress) -> int:
-        part = self.part_of[doc.segment_ord]
-        if part == _MERGED:
-            starts, parts = self.runs[doc.segment_ord]
-            return parts[bisect.bisect_right(starts, doc.doc) - 1]
-        return part
 
     def _located(self, docs: list[tantivy.DocAddress]) -> tuple[np.ndarray, np.ndarray]:
-        """Each hit's part index and row offset (int64)."""
-        if self._positions is None:
-            rows = np.asarray(self.searcher.fast_field_values(ROW_FIELD, docs) if docs else [], np.int64)
-            return np.fromiter((self._part(d) for d in docs), np.int64, len(docs)), rows
-        bases, firsts, parts = self._positions
+        """Each hit's part index and row offset (int64): a merged segment's from its documents' arrays, a part's
+        own segment's from its ``_row`` field."""
         at = np.fromiter((d.doc for d in docs), np.int64, len(docs))
-        if len(bases) > 1:
-            at += bases[np.fromiter((d.segment_ord for d in docs), np.int64, len(docs))]
-        run = np.searchsorted(firsts, at, side="right") - 1
-        return parts[run], at - firsts[run]
+        if len(self.part_of) == 1 and self.merged:  # one merged segment: the steady state of a table's union
+            parts, part, rows = self.merged[0]
+            return parts[part[at]], rows[at].astype(np.int64)
+        segment = np.fromiter((d.segment_ord for d in docs), np.int64, len(docs))
+        found = np.asarray(self.part_of, np.int64)[segment]
+        rows = np.zeros(len(docs), np.int64)
+        own = np.flatnonzero(found != _MERGED)
+        if len(own):
+            rows[own] = self.searcher.fast_field_values(ROW_FIELD, [docs[i] for i in own.tolist()])
+        for s, (parts, part, row) in self.merged.items():
+            hit = np.flatnonzero(segment == s)
+            found[hit] = parts[part[at[hit]]]
+            rows[hit] = row[at[hit]]
+        return found, rows
 
     def top(
         self, terms: Sequence[str], k: int, mode: str, boosts: Sequence[float] | None = None
@@ -257,39 +246,40 @@ def union_of(
     """The union of these indexes (same column, same tokenizer, in this order), read from this process's pool
     under ``cache_dir``; ``ordered`` as in :class:`UnionIndex`; ``pads``: padding segments' directories
     (``fulltext_pads``) listed after the parts, part -1. ``merge``: list the merged segments the pool has made
-    of parts' segments in their place, and have it merge more (``fulltext_merge``); such a union is not
-    ``ordered``. Raises OSError or ValueError when a part's files are not where they were extracted."""
+    of parts' segments in their place, and have it merge more (``fulltext_merge``); such a union stays
+    ``ordered`` where each merged segment holds consecutive parts in ``_id`` order. Raises OSError or
+    ValueError when a part's files are not where they were extracted."""
     layouts = [_layout(p) for p in parts]
     pool = _pool(cache_dir, layouts[0].meta, parts[0].tokenizer)
     listed: list[_Layout] = []
     part_of: list[int] = []
-    runs: dict[int, tuple[list[int], list[int]]] = {}
-    covered: list[Source] = []
+    merged: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     rest = list(range(len(layouts)))
     if merge:
         single = [i for i, x in enumerate(layouts) if len(x.meta["segments"]) == 1]  # a merge's sources
         index_of = {_segment_id(layouts[i]): i for i in single}
+        # listed by their first part, so that a merged segment of consecutive parts keeps them in order
         covered = pool.merges.cover([_source(layouts[i]) for i in single])
+        covered.sort(key=lambda s: min(index_of[p] for p in s.parts))
         for source in covered:
+            held = [index_of[p] for p in source.parts]
             if isinstance(source, Merged):
-                runs[len(part_of)] = (source.starts(), [index_of[p] for p in source.parts])
+                merged[len(part_of)] = (np.asarray(held, np.int64), source.part, source.rows)
                 listed.append(_dir_layout(source.directory))
                 part_of.append(_MERGED)
+                ordered = ordered and source.ordered and sorted(held) == list(range(min(held), min(held) + len(held)))
             else:
-                listed.append(layouts[index_of[source.parts[0]]])
-                part_of.append(index_of[source.parts[0]])
+                listed.append(layouts[held[0]])
+                part_of.append(held[0])
         rest = [i for i, x in enumerate(layouts) if len(x.meta["segments"]) != 1]
     listed += [layouts[i] for i in rest]
     part_of += [i for i in rest for _ in layouts[i].meta["segments"]]
     # A part built in several segments has them in meta.json order, which need not be row order.
-    ordered = ordered and not runs and all(len(x.meta["segments"]) <= 1 for x in layouts)
+    ordered = ordered and all(len(x.meta["segments"]) <= 1 for x in layouts)
     padding = [_dir_layout(d) for d in pads]
     part_of += [-1 for x in padding for _ in x.meta["segments"]]
     index, searcher = pool.searcher(listed + padding, kept=padding)
-    # by position only if every segment is a merge checked in order (no part's own segment, no padding)
-    checked = [s.docs for s in covered if isinstance(s, Merged) and s.in_order]
-    in_order = checked if checked and len(checked) == len(part_of) else None
-    return UnionIndex(index, searcher, part_of, ordered, runs, in_order)
+    return UnionIndex(index, searcher, part_of, ordered, merged)
 
 
 def _segment_id(layout: _Layout) -> str:

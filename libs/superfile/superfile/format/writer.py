@@ -81,8 +81,10 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
     blobs: list[tuple[dict[str, object], bytes | Callable[[int], bytes]]] = []
     terms: dict[str, list[str]] = {}
     fts_stats: dict[str, tuple[int, int]] = {}
+    # _id as raw little-endian u64: search results resolve ids with a zero-copy view, no Parquet decode
+    ids = np.asarray(data.column(ID_COLUMN).to_numpy(), dtype="<u8")
     for column, tokenizer in spec.fts_columns.items():
-        fts: FullTextBlob = build_fulltext(data.column(column), tokenizer, work_dir=work_dir)
+        fts: FullTextBlob = build_fulltext(data.column(column), ids, tokenizer, work_dir=work_dir)
         terms[column] = fts.terms
         fts_stats[column] = (fts.num_docs, fts.total_tokens)
         info = {
@@ -101,8 +103,6 @@ def build_superfile(data: pa.Table, spec: SuperfileSpec, *, work_dir: str | None
     for column, kind in spec.scalar_indexes.items():
         parts = prepare_scalar_index(data.column(column), kind, column)  # raises before anything is written
         blobs.append((parts.info(), parts.encode))
-    # _id again as raw little-endian u64: search results resolve ids with a zero-copy view, no Parquet decode
-    ids = np.asarray(data.column(ID_COLUMN).to_numpy(), dtype="<u8")
     blobs.append(({"name": IDS_SECTION, "kind": "u64le"}, ids.tobytes()))
 
     parquet_columns = [ID_COLUMN] + [c for c in data.column_names if c != ID_COLUMN and c not in spec.vector_columns]
