@@ -73,6 +73,7 @@ __all__ = [
     "length_norm32",
     "make_analyzer",
     "scores32",
+    "scoring_query",
     "thread_analyzer",
     "value_hash",
     "weight32",
@@ -247,6 +248,16 @@ def _explanation_values(explanation_json: str) -> dict[str, float]:
             out[name] = float(node["value"])
         stack.extend(node.get("details", []))
     return out
+
+
+def scoring_query(clauses: Sequence[tantivy.Query], required: bool) -> tantivy.Query:
+    """The BM25 query of these clauses: their disjunction, or their conjunction if ``required``. A lone clause is
+    the query itself: tantivy ranks a term alone by block-WAND, as a boolean of one clause it does not (0.27
+    against 0.41 ms for a term in 30% of 250K rows), and it scores it the same either way."""
+    if len(clauses) == 1:
+        return clauses[0]
+    occur = tantivy.Occur.Must if required else tantivy.Occur.Should
+    return tantivy.Query.boolean_query([(occur, q) for q in clauses])
 
 
 def build_fulltext(
@@ -623,15 +634,14 @@ class FullTextIndex:
         return self._all_rows(tantivy.Query.term_query(self.schema, HASH_FIELD, h), bound)
 
     def _scoring_query(self, terms: list[str], required: bool, weights: Mapping[str, float]) -> tantivy.Query:
-        occur = tantivy.Occur.Must if required else tantivy.Occur.Should
         clauses = []
         for t in terms:
             q = tantivy.Query.term_query(self.schema, TEXT_FIELD, t)
             w = weights.get(t, 1.0)
             if not (math.isfinite(w) and w >= 0):
                 raise InvalidOptionError(f"term weight must be a finite number >= 0, got {w!r} for {t!r}")
-            clauses.append((occur, q if w == 1.0 else tantivy.Query.boost_query(q, w)))
-        return tantivy.Query.boolean_query(clauses)
+            clauses.append(q if w == 1.0 else tantivy.Query.boost_query(q, w))
+        return scoring_query(clauses, required)
 
     def _top(self, query: tantivy.Query, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """The first ``limit`` hits (tantivy preallocates for ``limit``, so it is capped at num_docs)."""
@@ -820,7 +830,6 @@ class _GlobalPlan:
         if n_glob == 0 or tokens_glob == 0:
             return None  # no counted row holds a term
         schema = index.schema
-        occur = tantivy.Occur.Must if required else tantivy.Occur.Should
         scored, freqs, boosts, gw, gw32, lw, clauses = [], [], [], [], [], [], []
         for t in terms:
             w = weights.get(t, 1.0)
@@ -834,7 +843,7 @@ class _GlobalPlan:
             q = tantivy.Query.term_query(schema, TEXT_FIELD, t)
             if w == 0:
                 if required:
-                    clauses.append((occur, tantivy.Query.const_score_query(q, 0.0)))
+                    clauses.append(tantivy.Query.const_score_query(q, 0.0))
                 continue
             df_glob = corpus_df(stats, t, n_glob)
             if df_glob == 0:  # only rows the corpus does not count (deleted ones) hold the term
@@ -848,7 +857,7 @@ class _GlobalPlan:
             gw.append(w * idf_glob * (K1 + 1))
             gw32.append(weight32(n_glob, df_glob) * _F32(w))
             lw.append(idf_local * (K1 + 1))
-            clauses.append((occur, tantivy.Query.boost_query(q, boosts[-1])))
+            clauses.append(tantivy.Query.boost_query(q, boosts[-1]))
         if not scored:
             return None
         return cls(
@@ -861,7 +870,7 @@ class _GlobalPlan:
             global_weights=np.asarray(gw, np.float64),
             weights32=np.asarray(gw32, np.float32),
             local_weights=np.asarray(lw, np.float64),
-            query=tantivy.Query.boolean_query(clauses),
+            query=scoring_query(clauses, required),
         )
 
     def unseen_bound(self, local: float) -> float:

@@ -76,6 +76,7 @@ from superfile.format.fulltext import (
     idf,
     invert_tf,
     make_analyzer,
+    scoring_query,
     weight32,
 )
 from superfile.format.fulltext_merge import Merged, Merges, Source
@@ -150,12 +151,11 @@ class UnionIndex:
         Tantivy breaks ties by ascending (segment, doc). When the union is ``ordered`` that is ``_id``
         order, and its top-k is the answer. Otherwise every row tied with the k-th is fetched as well, and
         the caller picks among them by ``_id``."""
-        occur = tantivy.Occur.Must if mode == "all" else tantivy.Occur.Should
         schema = self.schema
         clauses = [tantivy.Query.term_query(schema, TEXT_FIELD, t) for t in terms]
         if boosts is not None:
             clauses = [tantivy.Query.boost_query(q, b) for q, b in zip(clauses, boosts, strict=True)]
-        query = tantivy.Query.boolean_query([(occur, q) for q in clauses])
+        query = scoring_query(clauses, mode == "all")
         limit = k if self.ordered else k + self._extra
         while True:
             hits = self.searcher.search(query, limit, count=False).hits
