@@ -413,7 +413,9 @@ class Tantivy:
         if not terms:
             return [], []
         T = self.tantivy
-        query = T.Query.boolean_query([(T.Occur.Should, T.Query.term_query(self.schema, "text", t)) for t in terms])
+        clauses = [T.Query.term_query(self.schema, "text", t) for t in terms]
+        # one term: the term query itself, as parse_query makes it (tantivy ranks it by block-WAND)
+        query = clauses[0] if len(clauses) == 1 else T.Query.boolean_query([(T.Occur.Should, q) for q in clauses])
         hits = self.searcher.search(query, K, count=False).hits
         return [h[0] for h in hits], self.searcher.fast_field_values("doc_id", [h[1] for h in hits])
 
