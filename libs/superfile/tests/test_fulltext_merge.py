@@ -182,8 +182,8 @@ def test_superfiles_of_equal_norms_merge(tmp_path: Path) -> None:
 
 
 def test_merged_segments_no_union_lists_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """After an optimize replaces the merged superfiles, the merged segment goes once later unions no longer
-    list it (an open searcher keeps its mapped files)."""
+    """After an optimize replaces the merged superfiles, the merged segment goes once later unions have not
+    listed it for a while, in builds and in seconds (an open searcher keeps its mapped files)."""
     monkeypatch.setattr(fulltext_merge, "_GRACE", 1)
     t = _table(tmp_path, pq.read_table(CRANFIELD / "docs.parquet").select(["id", "text"]), 8)
     before = t.bm25_search("text", "boundary layer", k=10, projection=["id"])["id"].to_pylist()
@@ -195,4 +195,8 @@ def test_merged_segments_no_union_lists_are_removed(tmp_path: Path, monkeypatch:
     for i in range(3):  # new snapshots: unions that list the optimized superfile, not the merged segment
         t.append([{"id": 10_000 + i, "text": f"appended row {i}"}])
         assert t.bm25_search("text", "boundary layer", k=10, projection=["id"])["id"].to_pylist() == before
+    assert len(list(merged_dir.iterdir())) == 1  # unused for 3 builds, but not yet for _GRACE_S seconds
+    monkeypatch.setattr(fulltext_merge, "_GRACE_S", 0.0)
+    t.append([{"id": 10_003, "text": "appended row 3"}])
+    assert t.bm25_search("text", "boundary layer", k=10, projection=["id"])["id"].to_pylist() == before
     assert not list(merged_dir.iterdir())

@@ -225,3 +225,34 @@ def test_padding_removed_from_the_cache_directory_is_built_again(
         time.sleep(0.05)
     padded, calls = _padded_pass(snap, queries, 22, monkeypatch)
     assert padded >= 0.8 * calls, f"{padded} of {calls} leaf calls padded after the padding was built again"
+
+
+def test_a_share_of_many_superfiles_is_searched_merged(
+    snapshots: tuple[Snapshot, Snapshot], queries: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A share of 12 superfiles: its padded union has their segments merged in the background, then lists the
+    merged segment beside its paddings, and the leaf's answers stay those of the union without padding."""
+    from superfile.format import fulltext_pads, fulltext_union
+
+    snap = snapshots[0]
+    share = [e.path for e in snap.entries()][:12]
+    searcher = Searcher(snap)
+    asked = [(list(dict.fromkeys(searcher._analyze(COLUMN, q))), "any", k) for q in queries[:25] for k in (1, 10)]
+    expected = [_rescored(monkeypatch, snap, share, terms, k, mode) for terms, mode, k in asked]
+    for _ in range(2):  # the paddings are built (answered rescored meanwhile), then their unions merge
+        for terms, mode, k in asked:
+            _leaf(snap, share, terms, k, mode)
+        deadline = time.monotonic() + 60
+        while fulltext_pads._building and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fulltext_union.merges_done(60)
+    got = [_leaf(snap, share, terms, k, mode) for terms, mode, k in asked]
+    for a, b in zip(got, expected, strict=True):
+        _same(a, b, exact=True)
+    root = Searcher(snap)
+    terms = asked[0][0]
+    corpus = root.corpus_of(COLUMN, terms, *root.term_stats(COLUMN, terms))
+    padded = Searcher(snap.restricted(share), corpus)._padded_union(COLUMN)
+    assert padded is not None
+    built = [u for u in padded[0]._unions.values() if u is not None]
+    assert built and all(u.merged and sum(p != -1 for p in u.part_of) < len(share) for u in built)  # -1: paddings

@@ -30,6 +30,7 @@ import os
 import queue
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import cast
@@ -52,6 +53,9 @@ _LEVEL_LOG = 0.75  # a level spans segment sizes within 2**0.75 of its largest
 _MAX_DOCS = 10_000_000  # segments this large are not merged again
 _WRITER_HEAP = 20_000_000  # the merging writer indexes nothing; tantivy wants at least 15 MB a thread
 _GRACE = 8  # unions a merged segment may go unused before it is removed (as many as a pool keeps linked)
+# ... and seconds: a pool shared by several shares or tables (a cache node's paddings build up to 32 unions a
+# share) must not remove one share's segment while the others build, only to merge it again
+_GRACE_S = 600.0
 _READ_SLICE = 8192  # documents whose fast field values a merge reads in one call (``_column``)
 
 _listeners: list[Callable[[], None]] = []
@@ -105,10 +109,9 @@ class Source:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Merged(Source):
-    """A merged segment, made when its pool had built ``born`` unions: its document ``d`` is row ``rows[d]`` of
-    part ``parts[part[d]]``. ``ordered``: its documents are in ascending ``_id`` order."""
+    """A merged segment: its document ``d`` is row ``rows[d]`` of part ``parts[part[d]]``. ``ordered``: its
+    documents are in ascending ``_id`` order."""
 
-    born: int
     part: np.ndarray  # int32, a document's index into ``parts``
     rows: np.ndarray  # int32
     ordered: bool
@@ -140,8 +143,8 @@ class Merges:
         self._made: dict[frozenset[str], Merged] = {}
         self._pending: set[frozenset[str]] = set()
         self._failed: LRUCache[frozenset[str], bool] = LRUCache(maxsize=256)  # not tried again
-        self._builds = 0  # unions built by the pool: the clock of :attr:`Merged.born`
-        self._used: dict[str, int] = {}  # merged directory -> the build that last listed it
+        self._builds = 0  # unions built by the pool: the clock of ``_used``
+        self._used: dict[str, tuple[int, float]] = {}  # merged directory -> the build that last listed it, when
 
     def cover(self, singles: Sequence[Source]) -> list[Source]:
         """The segments a union of these parts' segments lists: merged ones where made (the largest first),
@@ -156,7 +159,7 @@ class Merges:
                 if taken.isdisjoint(merged.parts) and keys.issuperset(merged.parts) and os.path.isdir(merged.directory):
                     chosen.append(merged)
                     taken.update(merged.parts)
-                    self._used[merged.directory] = self._builds
+                    self._used[merged.directory] = (self._builds, time.monotonic())
             sources = chosen + [s for s in singles if s.parts[0] not in taken]
             picked = [sources[i] for i in plan([s.docs for s in sources])]
             key = frozenset(p for s in picked for p in s.parts)
@@ -167,10 +170,12 @@ class Merges:
         return sources
 
     def _collect(self) -> None:
-        """Remove the merged segments no union listed in the last :data:`_GRACE` builds (an open searcher keeps
-        the files it mapped). Called under the lock."""
+        """Remove the merged segments no union listed in the last :data:`_GRACE` builds nor :data:`_GRACE_S`
+        seconds (an open searcher keeps the files it mapped). Called under the lock."""
+        now = time.monotonic()
         for key, merged in list(self._made.items()):
-            if self._builds - max(merged.born, self._used.get(merged.directory, 0)) > _GRACE:
+            build, at = self._used[merged.directory]
+            if self._builds - build > _GRACE and now - at > _GRACE_S:
                 del self._made[key]
                 self._used.pop(merged.directory, None)
                 shutil.rmtree(merged.directory, ignore_errors=True)
@@ -189,7 +194,8 @@ class Merges:
                 if made is None:
                     self._failed[key] = True
                 else:
-                    self._made[key] = dataclasses.replace(made, born=self._builds)
+                    self._made[key] = made
+                    self._used[made.directory] = (self._builds, time.monotonic())
                 self._idle.notify_all()
         if made is not None:
             for listener in _listeners:
@@ -203,7 +209,7 @@ class Merges:
 
 def merge(sources: Sequence[Source], directory: str, tokenizer: str) -> Merged:
     """Merge the segments of ``sources`` into one, in ``directory``, with tantivy's merger, its documents sorted
-    by ``_id``; returns it (``born`` 0). Raises ValueError when a source's index has no ``_id`` field, or tantivy
+    by ``_id``; returns it. Raises ValueError when a source's index has no ``_id`` field, or tantivy
     did not merge them into one segment."""
     metas = [read_meta(s.directory) for s in sources]
     if any(len(m["segments"]) != 1 for m in metas):
@@ -243,7 +249,7 @@ def merge(sources: Sequence[Source], directory: str, tokenizer: str) -> Merged:
     if not np.array_equal(rows, _column(directory, ROW_FIELD, total)):
         raise ValueError("the merged segment's rows are not its sources' rows")
     ordered = bool(np.all(ids[1:] > ids[:-1]))
-    return Merged(directory, parts, sizes, 0, part.astype(np.int32), rows.astype(np.int32), ordered)
+    return Merged(directory, parts, sizes, part.astype(np.int32), rows.astype(np.int32), ordered)
 
 
 def _write_meta(directory: str, meta: dict[str, object]) -> None:

@@ -307,8 +307,9 @@ def unions_dir(cache_dir: str) -> str:
 class PaddedUnion:
     """A share's parts searched as if they were the whole table (``fulltext_pads``): tantivy scores them, bit
     for bit, as it scores the table's union, given the table's N, token total and df per term. Each of a few
-    paddings (another N each) is a union of the parts and its padding segments, built when a query first
-    needs it: a query takes the first in which every term's weight can be boosted exactly to the table's."""
+    paddings (another N each) is a union of the parts (merged segments where its pool has made them,
+    ``fulltext_merge``) and its padding segments, built when a query first needs it: a query takes the first in
+    which every term's weight can be boosted exactly to the table's."""
 
     def __init__(
         self,
@@ -351,7 +352,7 @@ class PaddedUnion:
             pads = pad_directories(unions_dir(self.cache_dir), self._schema, self.parts[0].tokenizer, self.plans[i])
             if pads is None:
                 return None
-            union = union_of(self.parts, self.cache_dir, ordered=self.ordered, pads=pads)
+            union = union_of(self.parts, self.cache_dir, ordered=self.ordered, pads=pads, merge=True)
             probe = tantivy.Query.term_query(union.schema, TEXT_FIELD, self.pad_token)
             fits = checked(union.searcher, probe, self.num_docs, self.total_tokens)
             if not fits:

@@ -145,8 +145,10 @@ _vector_summaries = _NewestSnapshots()  # -> _Summaries
 
 
 def _merged() -> None:
-    """A merged segment is made (``fulltext_merge``): the next search of each snapshot builds a union listing it."""
+    """A merged segment is made (``fulltext_merge``): the next search of each snapshot (or a leaf's share) builds
+    a union listing it."""
     _unions.clear()
+    _padded_unions.clear()
 
 
 on_merged(_merged)
