@@ -246,4 +246,4 @@ def test_what_the_reading_threads_free_goes_back_in_a_serving_process(serving: b
     if serving:
         assert left <= 16, left
     else:
-        assert left >= 64, left  # of 160 MiB; the control: if this fails, the serving case proves nothing
+        assert left >= 40, left  # of 160 MiB (runs kept 59.6-92); the control: else the serving case proves nothing

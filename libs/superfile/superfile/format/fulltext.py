@@ -34,9 +34,7 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import struct
-import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +47,7 @@ import tantivy
 
 from superfile.errors import CorruptSuperfileError, InvalidOptionError
 from superfile.format import archive
+from superfile.format.scratch import scratch_dir
 from superfile.format.tantivy_files import FIELDNORMS, field_norms, live_files
 
 __all__ = [
@@ -266,8 +265,7 @@ def build_fulltext(
     """Index one text column; document i is row offset i, whose ``_id`` is ``ids[i]``. Uses one writer thread
     and one commit."""
     analyzer = make_analyzer(tokenizer)
-    tmp = tempfile.mkdtemp(prefix="sf-fts-", dir=work_dir)
-    try:
+    with scratch_dir("sf-fts-", work_dir) as tmp:  # a killed build's is removed by a later one
         index = tantivy.Index(index_schema(tokenizer), path=tmp)
         index.register_tokenizer(analyzer_name(tokenizer), analyzer)
         writer = index.writer(heap_size=_WRITER_HEAP, num_threads=1)
@@ -295,8 +293,6 @@ def build_fulltext(
                 files.append((name, fh.read()))
         blob = archive.pack([*files, (_NORMS_FILE, norms.pack())])
         return FullTextBlob(blob, terms, fti.num_docs, fti.avg_len, norms.total_tokens)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class FullTextIndex:
