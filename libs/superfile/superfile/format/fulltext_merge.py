@@ -15,7 +15,8 @@ The merge is told to sort its documents by the ``_id`` fast field every superfil
 (``fulltext.ID_FIELD``; tantivy's ``sort_by_field``, set in the merge directory's settings only): with sources
 whose rows are in ``_id`` order, as appended rows are, the merged segment is in ``_id`` order too, so a union
 listing it breaks ties by document as the table breaks them by ``_id``, and fetches nothing past k. Each
-document's part and row are read once after the merge (its ``_id`` and ``_row``), whatever order tantivy chose.
+document's part (found by its ``_id``) and row (its ``_row``) are read once after the merge, whatever order
+tantivy chose.
 Indexes written before the ``_id`` field are not merged.
 """
 
@@ -244,10 +245,10 @@ def merge(sources: Sequence[Source], directory: str, tokenizer: str) -> Merged:
             os.unlink(entry.path)
     parts = tuple(p for s in sources for p in s.parts)
     sizes = tuple(n for s in sources for n in s.sizes)
-    ids = _column(directory, ID_FIELD, total)
-    part, rows = _locate(ids, known, [len(s.parts) for s in sources])
-    if not np.array_equal(rows, _column(directory, ROW_FIELD, total)):
-        raise ValueError("the merged segment's rows are not its sources' rows")
+    index.reload()
+    searcher = index.searcher()
+    ids, rows = _column(searcher, ID_FIELD, total), _column(searcher, ROW_FIELD, total)
+    part = _locate(ids, known, [len(s.parts) for s in sources])
     ordered = bool(np.all(ids[1:] > ids[:-1]))
     return Merged(directory, parts, sizes, part.astype(np.int32), rows.astype(np.int32), ordered)
 
@@ -259,35 +260,29 @@ def _write_meta(directory: str, meta: dict[str, object]) -> None:
     os.replace(tmp, os.path.join(directory, "meta.json"))
 
 
-def _documents(source: Source) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each document of ``source``: its ``_id``, its part (an index into ``source.parts``) and its row."""
-    ids = _column(source.directory, ID_FIELD, source.docs)
-    if isinstance(source, Merged):
-        return ids, source.part, source.rows
-    return ids, np.zeros(len(ids), np.int32), np.arange(len(ids), dtype=np.int32)  # a part's row i is document i
+def _documents(source: Source) -> tuple[np.ndarray, np.ndarray]:
+    """Each document of ``source``: its ``_id`` and its part (an index into ``source.parts``)."""
+    ids = _column(tantivy.Index.open(source.directory).searcher(), ID_FIELD, source.docs)
+    return ids, source.part if isinstance(source, Merged) else np.zeros(len(ids), np.int32)
 
 
-def _locate(
-    ids: np.ndarray, known: list[tuple[np.ndarray, np.ndarray, np.ndarray]], parts: list[int]
-) -> tuple[np.ndarray, np.ndarray]:
-    """The part (numbered across the sources, in order; ``parts``: how many each has) and row of each merged
-    document, found by its ``_id`` among the sources' documents (``known``). Raises ValueError unless every
-    ``_id`` is one source document's."""
+def _locate(ids: np.ndarray, known: list[tuple[np.ndarray, np.ndarray]], parts: list[int]) -> np.ndarray:
+    """The part (numbered across the sources, in order; ``parts``: how many each has) of each merged document,
+    found by its ``_id`` among the sources' documents (``known``). Raises ValueError unless every ``_id`` is one
+    source document's."""
     first = np.cumsum([0, *parts[:-1]])
-    every_id = np.concatenate([i for i, _, _ in known])
-    every_part = np.concatenate([part + base for (_, part, _), base in zip(known, first, strict=True)])
-    every_row = np.concatenate([rows for _, _, rows in known])
+    every_id = np.concatenate([i for i, _ in known])
+    every_part = np.concatenate([part + base for (_, part), base in zip(known, first, strict=True)])
     order = np.argsort(every_id, kind="stable")
     at = order[np.minimum(np.searchsorted(every_id, ids, sorter=order), len(order) - 1)]
     if len(ids) != len(every_id) or not np.array_equal(every_id[at], ids) or len(np.unique(at)) != len(at):
         raise ValueError("the merged segment's _ids are not its sources' (each once)")
-    return every_part[at], every_row[at]
+    return every_part[at]
 
 
-def _column(directory: str, field: str, docs: int) -> np.ndarray:
+def _column(searcher: tantivy.Searcher, field: str, docs: int) -> np.ndarray:
     """A one-segment index's fast field ``field`` for every document (uint64), read in slices so that no one call
     holds the interpreter lock for long (~45 ms for 250,000 documents)."""
-    searcher = tantivy.Index.open(directory).searcher()
     out = np.empty(docs, np.uint64)
     for lo in range(0, docs, _READ_SLICE):
         addresses = [tantivy.DocAddress(0, d) for d in range(lo, min(lo + _READ_SLICE, docs))]
