@@ -24,7 +24,7 @@ from superfile.errors import (
     ShortReadError,
     StorageError,
 )
-from superfile.io import Storage, from_uri
+from superfile.io import Storage, from_uri, local
 from superfile.io.local import LocalStorage
 from superfile.io.s3 import _SIGNED_KEYS, S3Storage
 from superfile_suite.faults import Faults, FaultyHttpProxy, Request
@@ -335,6 +335,56 @@ def test_local_reads_whole_objects_of_every_size(tmp_path: Path) -> None:
         assert store.read(f"o/{size}") == data
     with pytest.raises(ObjectNotFoundError):
         store.read("o")
+
+
+def _settled(path: Path) -> None:
+    """Wait (bounded) until the file's inode last changed over the settling time ago."""
+    deadline = time.monotonic() + 10
+    while time.time() - path.stat().st_ctime <= local._SETTLED_S:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_local_settled_object_is_read_again_on_any_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small object whose file settled is served from one stat while the file is unchanged, and read again
+    after a replacement of the same size, an in-place write, or a write with its old mtime put back."""
+    store = LocalStorage(str(tmp_path))
+    store.write("p", b"one")
+    _settled(tmp_path / "p")
+    assert store.read_with_etag("p") == (b"one", local._etag(b"one"))
+    reads: list[str] = []
+    real = store.read
+    monkeypatch.setattr(store, "read", lambda path: reads.append(path) or real(path))
+    assert store.read_with_etag("p")[0] == b"one"
+    assert reads == []  # settled and unchanged: not read
+    store.write("p", b"two")  # a temp file renamed over it, same size
+    assert store.read_with_etag("p")[0] == b"two"
+    _settled(tmp_path / "p")
+    store.read_with_etag("p")
+    old = (tmp_path / "p").stat()
+    with open(tmp_path / "p", "r+b") as f:  # in place, as no writer of ours does, and the mtime put back
+        f.write(b"six")
+    os.utime(tmp_path / "p", ns=(old.st_atime_ns, old.st_mtime_ns))
+    assert store.read_with_etag("p") == (b"six", local._etag(b"six"))
+    store.delete("p")
+    with pytest.raises(ObjectNotFoundError):
+        store.read_with_etag("p")
+
+
+def test_local_young_objects_are_read_each_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file changed within the settling time is read on every call, unchanged or not: a file system whose
+    clock ticks coarsely may give a quick successor the same inode and times."""
+    monkeypatch.setattr(local, "_SETTLED_S", 60.0)  # every file here is young
+    store = LocalStorage(str(tmp_path))
+    reads: list[str] = []
+    real = store.read
+    monkeypatch.setattr(store, "read", lambda path: reads.append(path) or real(path))
+    for i in range(20):
+        data = f"{i // 4:04d}".encode()
+        if i % 4 == 0:
+            store.write("p", data)
+        assert store.read_with_etag("p") == (data, local._etag(data))
+    assert len(reads) == 20
 
 
 def test_local_options(tmp_path: Path) -> None:

@@ -20,9 +20,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import superfile
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from superfile import pools
 from superfile.search.request import HybridSearch
-from superfile.table.search import Searcher
+from superfile.table import results
+from superfile.table.search import Searcher, _ranking
 
 CRANFIELD = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield" / "docs.parquet"
 QUERIES = 12
@@ -89,6 +92,55 @@ def test_concurrent_searches_answer_as_one_at_a_time(table: superfile.Supertable
         rounds = [ex.submit(answers, table, cranfield, queries) for _ in range(4)]
         together = [r.result(timeout=300) for r in rounds]
     assert all(t == alone for t in together)
+
+
+def test_answers_held_keep_their_rows(table: superfile.Supertable, cranfield: pa.Table) -> None:
+    """A ranked answer of ``_id`` and ``score`` is a slice of a per-thread arena (``table.results``): answers
+    held while two threads go on searching, past several arenas each, keep the rows they were given."""
+    queries = list(range(0, 9 * QUERIES, 3))
+    kept = ["_id", "score"]
+
+    def held(offset: int) -> list[pa.Table]:
+        found = []
+        for i in queries[offset::2]:
+            title = cranfield["title"][i].as_py()
+            vector = np.asarray(cranfield["embedding"][i].as_py(), np.float32)
+            found += [
+                table.bm25_search("text", title, k=50, projection=kept),
+                table.vector_search("embedding", vector, k=50, projection=kept),
+                table.hybrid_search("text", title, "embedding", vector, k=50, projection=kept),
+            ]
+        return found
+
+    with ThreadPoolExecutor(2) as ex:
+        answers = [t for half in ex.map(held, [0, 1]) for t in half]
+    assert sum(t.num_rows for t in answers) > 4 * results._ROWS  # arenas filled and replaced in both threads
+    again = held(0) + held(1)
+    assert [t.schema for t in answers] == [t.schema for t in again]
+    assert [t.to_pylist() for t in answers] == [t.to_pylist() for t in again]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 40), st.sampled_from([0.0, 0.5, 1.0, float("nan")])),
+        max_size=12,
+        unique_by=lambda h: h[0],
+    ),
+    st.booleans(),
+    st.booleans(),
+    st.integers(1, 13),
+)
+def test_ranking_is_the_sort_by_score_then_id(
+    hits: list[tuple[int, float]], descending: bool, by_id: bool, k: int
+) -> None:
+    """Hits taken as they came (already ranked) or sorted: either way the sort by score, ties by ``_id``."""
+    ids = np.asarray([i for i, _ in hits], np.uint64)
+    scores = np.asarray([s for _, s in hits], np.float32)
+    order = _ranking(ids, None if by_id else scores, descending, k)
+    by_score = np.lexsort((ids, -scores if descending else scores))
+    expected = np.argsort(ids, kind="stable")[:k] if by_id else by_score[:k]
+    assert ids[order].tolist() == ids[expected].tolist()
 
 
 def test_hybrid_halves_in_sequence_answer_as_halves_at_once(table: superfile.Supertable, cranfield: pa.Table) -> None:

@@ -128,7 +128,7 @@ class UnionIndex:
         at = np.fromiter((d.doc for d in docs), np.int64, len(docs))
         if len(self.part_of) == 1 and self.merged:  # one merged segment: the steady state of a table's union
             parts, part, rows = self.merged[0]
-            return parts[part[at]], rows[at].astype(np.int64)
+            return parts[part[at].astype(np.intp)], rows[at].astype(np.int64)  # an int32 index lets the lock go
         segment = np.fromiter((d.segment_ord for d in docs), np.int64, len(docs))
         found = np.asarray(self.part_of, np.int64)[segment]
         rows = np.zeros(len(docs), np.int64)
@@ -137,7 +137,7 @@ class UnionIndex:
             rows[own] = self.searcher.fast_field_values(ROW_FIELD, [docs[i] for i in own.tolist()])
         for s, (parts, part, row) in self.merged.items():
             hit = np.flatnonzero(segment == s)
-            found[hit] = parts[part[at[hit]]]
+            found[hit] = parts[part[at[hit]].astype(np.intp)]
             rows[hit] = row[at[hit]]
         return found, rows
 

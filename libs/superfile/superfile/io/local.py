@@ -16,6 +16,7 @@ import hashlib
 import os
 import secrets
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -31,6 +32,10 @@ __all__ = ["LocalStorage", "StagedWrite"]
 
 _TMP_SUFFIX = ".sftmp"
 _SMALL_READ = 64 * 1024  # an object read whole in one call if it fits (the pointer, manifests)
+# A file whose inode last changed this long ago (by the system clock) is not read again while one stat finds it
+# unchanged: any later write, rename over it or reuse of its inode number sets a ctime past it (read_with_etag).
+_SETTLED_S = 1.0
+_SETTLED_MAX = 64  # objects remembered so (the pointers, retention and sequence files a process reads)
 
 
 def _etag(data: bytes) -> str:
@@ -81,6 +86,8 @@ class LocalStorage:
             except OSError as err:
                 raise StorageError(f"cannot create storage root {self._root!r}: {err}") from err
         self.uri = "file://" + self._root
+        # read_with_etag's settled small objects: path -> (inode, size, mtime, ctime), bytes, etag
+        self._settled: dict[str, tuple[tuple[int, ...], bytes, str]] = {}
 
     # -- helpers -----------------------------------------------------------
 
@@ -173,8 +180,27 @@ class LocalStorage:
                 os.close(fd)
 
     def read_with_etag(self, path: str) -> tuple[bytes, str]:
-        data = self.read(path)
-        return data, _etag(data)
+        """The object and its etag. A strong read checks the table's pointer this way on every query, and three
+        calls that let the interpreter lock go (open, read, close) are three context switches each way when a
+        second query thread waits for it. So a small file whose inode settled (changed over
+        ``_SETTLED_S`` ago) is remembered, and read again only when one ``stat`` finds its inode, size, mtime or
+        ctime changed. Every change of a file sets its ctime to now, past the settled one, and so does any new
+        file given the same inode number (assuming the file system's clock is this machine's to within a
+        second, as it is for a local disk)."""
+        target = self._path(path)
+        with self._errors(path):
+            st = os.stat(target)
+        seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        known = self._settled.get(path)
+        if known is not None and known[0] == seen:
+            return known[1], known[2]
+        data = self.read(path)  # if it changed since the stat, seen names a file gone: it cannot match again
+        etag = _etag(data)
+        if len(data) < _SMALL_READ and time.time() - st.st_ctime > _SETTLED_S:
+            if len(self._settled) >= _SETTLED_MAX:
+                self._settled.clear()
+            self._settled[path] = (seen, data, etag)
+        return data, etag
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         check_range(offset, length)

@@ -60,6 +60,7 @@ from superfile.search.request import (
     VectorSearch,
 )
 from superfile.table.exact import ExactCandidates, ExactText, analysed, nearest
+from superfile.table.results import ranked_table, result_column
 from superfile.table.snapshot import Snapshot, on_release, open_readers
 
 __all__ = [
@@ -247,10 +248,21 @@ _UnionOf = tuple[UnionIndex, list[SuperfileEntry], np.ndarray, np.ndarray]
 _VectorUnionOf = tuple[VectorUnion, list[SuperfileEntry], dict[str, int], list[np.ndarray]]
 
 
-def _column(values: np.ndarray, dtype: pa.DataType) -> pa.Array:
-    """A result column over a fresh numpy array's memory: one hand-off of the interpreter lock, not two."""
-    data = np.ascontiguousarray(values, dtype.to_pandas_dtype())
-    return pa.Array.from_buffers(dtype, len(data), [None, pa.py_buffer(data.data)])
+def _ranking(ids: np.ndarray, scores: np.ndarray | None, descending: bool, k: int | None) -> slice | np.ndarray:
+    """The first ``k`` hits by score (None: by ``_id``), ties by ``_id``. Hits that come ranked already (a
+    tantivy search of an ordered union, one superfile's) are checked in a few small array operations and
+    taken as they are: numpy's sorts let the interpreter lock go, and a second query thread waiting for it
+    makes every such hand-off a context switch each way."""
+    if scores is None:
+        ranked = bool((ids[:-1] < ids[1:]).all())
+    else:
+        a, b = (scores[1:], scores[:-1]) if descending else (scores[:-1], scores[1:])
+        ranked = bool(((a < b) | ((a == b) & (ids[:-1] < ids[1:]))).all())
+    if ranked:
+        return slice(0, k)
+    if scores is None:
+        return np.argsort(ids, kind="stable")[:k]
+    return np.lexsort((ids, -scores if descending else scores))[:k]
 
 
 def _check_k(k: object) -> int:
@@ -347,14 +359,14 @@ class Searcher:
         raise InvalidInputError(f"not a search request: {request!r}")
 
     # -- validation ------------------------------------------------------------------
-    def _fts_column(self, column: str) -> str:
+    def _ftscolumn(self, column: str) -> str:
         if column not in self.options.fts_columns:
             raise UnknownColumnError(
                 f"{column!r} is not a full-text column; full-text columns: {sorted(self.options.fts_columns)}"
             )
         return column
 
-    def _vector_column(self, column: str) -> str:
+    def _vectorcolumn(self, column: str) -> str:
         if column not in self.options.vector_columns:
             raise UnknownColumnError(
                 f"{column!r} is not a vector column; vector columns: {sorted(self.options.vector_columns)}"
@@ -460,12 +472,15 @@ class Searcher:
         cols = self._projection(projection)
         if scores is not None:
             scores = scores.astype(np.float32, copy=False)
-            order = np.lexsort((ids, -scores if descending else scores))[:k]
-        else:
-            order = np.argsort(ids, kind="stable")[:k]
+        order = _ranking(ids, scores, descending, k)
+        if scores is not None and not cols:
+            return ranked_table(self._result_schema(cols), ids[order], scores[order])
+        ranked_ids = ids[order]
         arrays: list[pa.Array | pa.ChunkedArray] = [
-            _column(ids[order], pa.uint64()),
-            _column(scores[order], pa.float32()) if scores is not None else pa.nulls(len(order), pa.float32()),
+            result_column(ranked_ids, pa.uint64()),
+            result_column(scores[order], pa.float32())
+            if scores is not None
+            else pa.nulls(len(ranked_ids), pa.float32()),
         ]
         if cols:
             table = self._rows(entries, which[order], offsets[order], cols)
@@ -772,7 +787,7 @@ class Searcher:
             return None
 
     def bm25_search(self, column: str, query: str, k: int, mode: str, projection: Sequence[str] | None) -> pa.Table:
-        self._fts_column(column)
+        self._ftscolumn(column)
         k = _check_k(k)
         mode = _mode(mode, ("any", "all"))
         if not isinstance(query, str) or not query.strip():
@@ -781,7 +796,7 @@ class Searcher:
 
     def bm25_search_prefix(self, column: str, prefix: str, k: int, projection: Sequence[str] | None) -> pa.Table:
         """BM25 over the terms the prefix expands to (at most MAX_PREFIX_TERMS, most frequent table-wide)."""
-        self._fts_column(column)
+        self._ftscolumn(column)
         k = _check_k(k)
         if not isinstance(prefix, str) or not prefix.strip():
             raise InvalidInputError("prefix must be a non-empty string")
@@ -848,7 +863,7 @@ class Searcher:
         self, column: str, tokens: str | Sequence[str], mode: str
     ) -> tuple[list[str], str, list[SuperfileEntry]]:
         """A token match's analysed terms, its mode (``all``/``any``) and the superfiles that may hold them."""
-        self._fts_column(column)
+        self._ftscolumn(column)
         mode = {"and": "all", "or": "any", "all": "all", "any": "any"}.get(
             _mode(mode, ("and", "or", "all", "any")), mode
         )
@@ -860,7 +875,7 @@ class Searcher:
 
     def _exact_plan(self, column: str, value: str) -> list[SuperfileEntry]:
         """The superfiles an exact match must look in: min/max and term blooms can hold the value."""
-        self._fts_column(column)
+        self._ftscolumn(column)
         if not isinstance(value, str):
             raise InvalidInputError("exact_match value must be a string")
         where = parse_predicate(f"{_quote_ident(column)} = {_quote_literal(value)}", self.snap.schema)
@@ -941,7 +956,7 @@ class Searcher:
     ) -> tuple[int, np.ndarray, Predicate | None, dict[str, Any] | None, list[SuperfileEntry]]:
         """A vector search checked (k, the query vector, both filters) and the superfiles the filters' summaries
         keep (min/max for ``where``, term blooms for the text filter)."""
-        self._vector_column(column)
+        self._vectorcolumn(column)
         k = _check_k(k)
         q = self._query_vector(column, vector)
         predicate = self.snap.predicate(where)
@@ -949,7 +964,7 @@ class Searcher:
         if text_filter is not None:
             if not isinstance(text_filter, Mapping) or not {"column", "query"} <= set(text_filter):
                 raise InvalidInputError('filter must be {"column": ..., "query": ..., "mode": "any"|"all"}')
-            fcol = self._fts_column(text_filter["column"])
+            fcol = self._ftscolumn(text_filter["column"])
             fmode = _mode(text_filter.get("mode", "any"), ("any", "all"))
             fterms = list(dict.fromkeys(self._analyze(fcol, str(text_filter["query"]))))
             if not fterms:
@@ -1103,18 +1118,30 @@ class Searcher:
             results = [text(), vec()]
         ranked = [np.asarray(r.column(ID).to_numpy(), np.uint64) for r in results]
         ids, fused = rrf_fuse(ranked, k)
-        arrays: list[pa.Array | pa.ChunkedArray] = [_column(ids, pa.uint64()), _column(fused, pa.float64())]
-        if cols:  # each fused row's columns from its first place in the two lists
-            every = np.concatenate(ranked)
-            order = np.argsort(every, kind="stable")
-            first = order[np.searchsorted(every[order], ids)]
-            rows = pa.concat_tables([r.select(cols) for r in results]).take(first)
-            arrays += [rows.column(c) for c in cols]
-        fields: list[pa.Field] = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float64())]
-        fields += [self.snap.plain_schema.field(c) for c in cols]
-        return pa.Table.from_arrays(
-            arrays, schema=pa.schema(fields, metadata={"superfile.version": str(self.snap.version)})
-        )
+        schema = self._hybrid_schema(cols)
+        if not cols:
+            return ranked_table(schema, ids, fused)
+        # each fused row's columns from its first place in the two lists
+        every = np.concatenate(ranked)
+        order = np.argsort(every, kind="stable")
+        first = order[np.searchsorted(every[order], ids)]
+        rows = pa.concat_tables([r.select(cols) for r in results]).take(first)
+        arrays: list[pa.Array | pa.ChunkedArray] = [result_column(ids, pa.uint64()), result_column(fused, pa.float64())]
+        arrays += [rows.column(c) for c in cols]
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    def _hybrid_schema(self, cols: list[str]) -> pa.Schema:
+        """A hybrid result's schema (its score is float64), made once per snapshot and projection."""
+        schemas = self.snap.memo("hybrid schemas")
+        schema = schemas.get(tuple(cols))
+        if schema is None:
+            if len(schemas) >= _RESULT_SCHEMAS:
+                schemas.clear()
+            fields: list[pa.Field] = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float64())]
+            fields += [self.snap.plain_schema.field(c) for c in cols]
+            meta: dict[bytes | str, bytes | str] = {"superfile.version": str(self.snap.version)}
+            schema = schemas[tuple(cols)] = pa.schema(fields, metadata=meta)
+        return schema
 
 
 def check_row_limit(found: int, max_rows: int | None) -> None:
