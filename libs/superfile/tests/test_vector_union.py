@@ -168,3 +168,38 @@ def test_a_union_keeps_views_of_its_parts_not_copies(metric) -> None:
     finally:
         tracemalloc.stop()
     assert allocated < centroid_bytes / 4, f"{allocated} bytes held against {centroid_bytes} of centroids"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 12), st.sampled_from([2, 8, 64]), st.sampled_from(METRICS))
+def test_superfile_bounds_rule_out_no_member(seed: int, files: int, dim: int, metric: str) -> None:
+    """Routing (``superfile_bounds``, one compiled call) orders superfiles by a distance that none of their
+    vectors beats: from the manifest's summary (centroid and covering radius) to the query, under the metric;
+    by descending centroid dot product under dot, which has no bound."""
+    from superfile.format.ivf_scan import superfile_bounds
+    from superfile.manifest.summary import vector_summary
+
+    rng = np.random.default_rng(seed)
+    members = [
+        rng.normal(rng.normal(0, 3, dim), rng.uniform(0.1, 2), (int(rng.integers(1, 40)), dim)) for _ in range(files)
+    ]
+    members = [m.astype(np.float32) for m in members]
+    summaries = [vector_summary(m, metric) for m in members]
+    centroids = np.stack([s.centroid for s in summaries])
+    radii = np.array([s.radius for s in summaries])
+    q = rng.normal(0, 3, dim).astype(np.float32)
+    at = rng.permutation(files)
+    order, bound = superfile_bounds(centroids, radii, at, q, metric)
+    assert sorted(order.tolist()) == list(range(files))
+    if metric == "dot":
+        dots = (centroids[at] @ q)[order]
+        assert np.all(dots[:-1] >= dots[1:] - 1e-4 * np.abs(dots[:-1])) and not bound.any()
+        return
+    assert np.all(bound[:-1] <= bound[1:])
+    for i, b in zip(order.tolist(), bound.tolist(), strict=True):
+        v = members[at[i]].astype(np.float64)
+        if metric == "cosine":
+            nearest = float(np.min(1 - (v @ q) / (np.linalg.norm(v, axis=1) * np.linalg.norm(q))))
+        else:
+            nearest = float(np.min(((v - q) ** 2).sum(axis=1)))
+        assert b <= nearest + 1e-9

@@ -60,7 +60,7 @@ from superfile.search.request import (
     VectorSearch,
 )
 from superfile.table.exact import ExactCandidates, ExactText, analysed, nearest
-from superfile.table.results import ranked_table, result_column
+from superfile.table.results import ranked_ids, ranked_table, result_column
 from superfile.table.snapshot import Snapshot, on_release, open_readers
 
 __all__ = [
@@ -248,21 +248,12 @@ _UnionOf = tuple[UnionIndex, list[SuperfileEntry], np.ndarray, np.ndarray]
 _VectorUnionOf = tuple[VectorUnion, list[SuperfileEntry], dict[str, int], list[np.ndarray]]
 
 
-def _ranking(ids: np.ndarray, scores: np.ndarray | None, descending: bool, k: int | None) -> slice | np.ndarray:
-    """The first ``k`` hits by score (None: by ``_id``), ties by ``_id``. Hits that come ranked already (a
-    tantivy search of an ordered union, one superfile's) are checked in a few small array operations and
-    taken as they are: numpy's sorts let the interpreter lock go, and a second query thread waiting for it
-    makes every such hand-off a context switch each way."""
-    if scores is None:
-        ranked = bool((ids[:-1] < ids[1:]).all())
-    else:
-        a, b = (scores[1:], scores[:-1]) if descending else (scores[:-1], scores[1:])
-        ranked = bool(((a < b) | ((a == b) & (ids[:-1] < ids[1:]))).all())
-    if ranked:
-        return slice(0, k)
-    if scores is None:
-        return np.argsort(ids, kind="stable")[:k]
-    return np.lexsort((ids, -scores if descending else scores))[:k]
+def _ranking(ids: np.ndarray, scores: np.ndarray | None, descending: bool, k: int | None) -> np.ndarray:
+    """The first ``k`` hits by score (None: by ``_id``), ties by ``_id``, in one call that keeps the interpreter
+    lock (``format/ranking.py``)."""
+    from superfile.format.ranking import rank_order  # numba: ~0.2 s to import, paid by a first search
+
+    return rank_order(ids, None if scores is None else -scores if descending else scores)[:k]
 
 
 def _check_k(k: object) -> int:
@@ -1116,7 +1107,7 @@ class Searcher:
             results = [pending.result(), nearest_rows]
         else:
             results = [text(), vec()]
-        ranked = [np.asarray(r.column(ID).to_numpy(), np.uint64) for r in results]
+        ranked = [ranked_ids(r) for r in results]
         ids, fused = rrf_fuse(ranked, k)
         schema = self._hybrid_schema(cols)
         if not cols:
@@ -1165,7 +1156,7 @@ def rrf_fuse(rankings: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray
         return np.zeros(0, np.uint64), np.zeros(0, np.float64)
     ids = np.fromiter(scores.keys(), np.uint64, len(scores))
     fused = np.fromiter(scores.values(), np.float64, len(scores))
-    order = np.lexsort((ids, -fused))[:k]
+    order = _ranking(ids, fused, True, k)
     return ids[order], fused[order]
 
 
@@ -1196,18 +1187,11 @@ def _route(
     each can have to q (from its centroid and radius; 0 under dot, which has no such bound)."""
     if not entries or summaries.centroids is None:
         return [], np.zeros(0)
+    from superfile.format.ivf_scan import superfile_bounds  # numba: ~0.2 s to import, paid by a first search
+
     at = np.fromiter((summaries.row[e.path] for e in entries), np.int64, len(entries))
-    centroids = summaries.centroids[at]
-    if metric == "dot":
-        order = np.argsort(-(centroids @ q), kind="stable")
-        return [entries[i] for i in order.tolist()], np.zeros(len(entries))
-    g = q / max(float(np.linalg.norm(q)), 1e-30) if metric == "cosine" else q
-    radii = summaries.radii[at]
-    gap = np.maximum(0.0, np.linalg.norm(centroids - g, axis=1) - radii)
-    gap = np.maximum(0.0, gap * (1 - 1e-5) - 1e-6)  # float32 slack: stay conservative
-    bound = gap * gap / 2 if metric == "cosine" else gap * gap
-    order = np.argsort(bound, kind="stable")
-    return [entries[i] for i in order.tolist()], bound[order]
+    order, bound = superfile_bounds(summaries.centroids, summaries.radii, at, q, metric)
+    return [entries[i] for i in order.tolist()], bound
 
 
 def _unit(q: np.ndarray, metric: str) -> np.ndarray:
