@@ -385,18 +385,9 @@ def _positions(
 
 
 @_compiled_held
-def _positions_held(
-    part_at: _Ints,
-    row_pos_at: _Ints,
-    base: _Ints,
-    parts: _Ints,
-    ids: npt.NDArray[np.uint32],
-    ends: _Ints,
-    counts: _Ints,
-    rows: _Ints,
-) -> int:
+def _positions_held(*args: Any) -> int:
     """:func:`_positions` keeping the interpreter lock, for a few allowed rows: microseconds."""
-    return _positions(part_at, row_pos_at, base, parts, ids, ends, counts, rows)
+    return _positions(*args)
 
 
 @_compiled

@@ -350,14 +350,14 @@ class Searcher:
         raise InvalidInputError(f"not a search request: {request!r}")
 
     # -- validation ------------------------------------------------------------------
-    def _ftscolumn(self, column: str) -> str:
+    def _fts_column(self, column: str) -> str:
         if column not in self.options.fts_columns:
             raise UnknownColumnError(
                 f"{column!r} is not a full-text column; full-text columns: {sorted(self.options.fts_columns)}"
             )
         return column
 
-    def _vectorcolumn(self, column: str) -> str:
+    def _vector_column(self, column: str) -> str:
         if column not in self.options.vector_columns:
             raise UnknownColumnError(
                 f"{column!r} is not a vector column; vector columns: {sorted(self.options.vector_columns)}"
@@ -466,12 +466,10 @@ class Searcher:
         order = _ranking(ids, scores, descending, k)
         if scores is not None and not cols:
             return ranked_table(self._result_schema(cols), ids[order], scores[order])
-        ranked_ids = ids[order]
+        hit_ids = ids[order]
         arrays: list[pa.Array | pa.ChunkedArray] = [
-            result_column(ranked_ids, pa.uint64()),
-            result_column(scores[order], pa.float32())
-            if scores is not None
-            else pa.nulls(len(ranked_ids), pa.float32()),
+            result_column(hit_ids, pa.uint64()),
+            result_column(scores[order], pa.float32()) if scores is not None else pa.nulls(len(hit_ids), pa.float32()),
         ]
         if cols:
             table = self._rows(entries, which[order], offsets[order], cols)
@@ -778,7 +776,7 @@ class Searcher:
             return None
 
     def bm25_search(self, column: str, query: str, k: int, mode: str, projection: Sequence[str] | None) -> pa.Table:
-        self._ftscolumn(column)
+        self._fts_column(column)
         k = _check_k(k)
         mode = _mode(mode, ("any", "all"))
         if not isinstance(query, str) or not query.strip():
@@ -787,7 +785,7 @@ class Searcher:
 
     def bm25_search_prefix(self, column: str, prefix: str, k: int, projection: Sequence[str] | None) -> pa.Table:
         """BM25 over the terms the prefix expands to (at most MAX_PREFIX_TERMS, most frequent table-wide)."""
-        self._ftscolumn(column)
+        self._fts_column(column)
         k = _check_k(k)
         if not isinstance(prefix, str) or not prefix.strip():
             raise InvalidInputError("prefix must be a non-empty string")
@@ -854,7 +852,7 @@ class Searcher:
         self, column: str, tokens: str | Sequence[str], mode: str
     ) -> tuple[list[str], str, list[SuperfileEntry]]:
         """A token match's analysed terms, its mode (``all``/``any``) and the superfiles that may hold them."""
-        self._ftscolumn(column)
+        self._fts_column(column)
         mode = {"and": "all", "or": "any", "all": "all", "any": "any"}.get(
             _mode(mode, ("and", "or", "all", "any")), mode
         )
@@ -866,7 +864,7 @@ class Searcher:
 
     def _exact_plan(self, column: str, value: str) -> list[SuperfileEntry]:
         """The superfiles an exact match must look in: min/max and term blooms can hold the value."""
-        self._ftscolumn(column)
+        self._fts_column(column)
         if not isinstance(value, str):
             raise InvalidInputError("exact_match value must be a string")
         where = parse_predicate(f"{_quote_ident(column)} = {_quote_literal(value)}", self.snap.schema)
@@ -947,7 +945,7 @@ class Searcher:
     ) -> tuple[int, np.ndarray, Predicate | None, dict[str, Any] | None, list[SuperfileEntry]]:
         """A vector search checked (k, the query vector, both filters) and the superfiles the filters' summaries
         keep (min/max for ``where``, term blooms for the text filter)."""
-        self._vectorcolumn(column)
+        self._vector_column(column)
         k = _check_k(k)
         q = self._query_vector(column, vector)
         predicate = self.snap.predicate(where)
@@ -955,7 +953,7 @@ class Searcher:
         if text_filter is not None:
             if not isinstance(text_filter, Mapping) or not {"column", "query"} <= set(text_filter):
                 raise InvalidInputError('filter must be {"column": ..., "query": ..., "mode": "any"|"all"}')
-            fcol = self._ftscolumn(text_filter["column"])
+            fcol = self._fts_column(text_filter["column"])
             fmode = _mode(text_filter.get("mode", "any"), ("any", "all"))
             fterms = list(dict.fromkeys(self._analyze(fcol, str(text_filter["query"]))))
             if not fterms:
