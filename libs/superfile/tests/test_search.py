@@ -596,13 +596,42 @@ def test_bm25_modes_prefix_deletes_and_errors(cran_table: superfile.Supertable) 
         cran_table.bm25_search("text", "x", mode="most")
 
 
+def test_the_pool_of_a_killed_process_is_removed_by_the_next(tmp_path: Path) -> None:
+    """A process SIGKILLed while it searches leaves its union pool; the next process of the host to make a pool
+    in that cache directory removes it, as the kernel let go of the dead one's lock."""
+    uri, cache = f"file://{tmp_path / 'store'}", tmp_path / "cache"
+    t = superfile.connect(uri).create_table(
+        "d", pa.schema([("id", pa.int64()), ("text", pa.string())]), fts_columns=["text"]
+    )
+    for i in range(3):
+        t.append([{"id": i, "text": f"shared words and token{i}"}])
+    script = (
+        "import sys, superfile; t = superfile.connect(sys.argv[1], cache_dir=sys.argv[2]).open_table('d'); "
+        "assert t.bm25_search('text', 'shared', k=10).num_rows == 3; print('searched', flush=True); sys.stdin.read()"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, uri, str(cache)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "searched"
+    theirs = [p for p in (cache / "unions").iterdir() if p.is_dir() and f"-{child.pid}-" in p.name]
+    assert theirs
+    child.kill()
+    child.wait(30)
+    db = superfile.connect(uri, cache_dir=str(cache))
+    assert db.open_table("d").bm25_search("text", "shared", k=10).num_rows == 3
+    assert not any(p.exists() or p.with_name(f"{p.name}.lock").exists() for p in theirs)
+    assert [p for p in (cache / "unions").iterdir() if p.is_dir() and f"-{os.getpid()}-" in p.name]
+
+
 def test_bm25_unions_link_only_new_files_and_keep_the_pool_small(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every commit makes a new union. It is read from this process's pool (``format/fulltext_union.py``):
     the new superfile's files are linked, no other; links no recent union lists go (an optimize's inputs);
     searches of the newest and of an older snapshot keep working; the pool of a process that died is removed, a
-    live one's is not."""
+    live one's is not. A pool is live while the lock beside it is held, whatever pid its name has: a restarted
+    container's process often has the dead one's pid again. Pools of earlier versions, without locks, are judged
+    by their pid."""
     from superfile.format import fulltext_union
 
     monkeypatch.setattr(fulltext_union, "_KEEP_UNIONS", 2)
@@ -619,6 +648,28 @@ def test_bm25_unions_link_only_new_files_and_keep_the_pool_small(
     }
     for d in leftovers.values():
         d.mkdir()
+    locked = {
+        "pid reused": unions / f"pool-{host}-{os.getpid()}-0ld",  # this process's pid, a free lock: a dead one's
+        "held": unions / f"pool-{host}-{dead.pid}-h0ld",  # a pid not alive here, the lock held: another namespace's
+    }
+    for d in locked.values():
+        d.mkdir()
+        (d.parent / f"{d.name}.lock").touch()
+    orphan_lock = unions / f"pool-{host}-{dead.pid}-n0pool.lock"
+    orphan_lock.touch()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+            f"{locked['held']}.lock",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     linked: list[int] = []
     real_symlink = os.symlink
 
@@ -638,8 +689,8 @@ def test_bm25_unions_link_only_new_files_and_keep_the_pool_small(
         per_commit.append(len(linked) - before)
         first = first or t.checkout(t.version)
     assert per_commit[1:] == [per_commit[1]] * 5 and 0 < per_commit[1] <= 8  # one superfile's files a commit
-    pools = [p for p in unions.iterdir() if p.name.startswith(f"pool-{host}-{os.getpid()}-")]
-    assert len(pools) == 1
+    pools = [p for p in unions.iterdir() if p.name.startswith(f"pool-{host}-{os.getpid()}-") and p.is_dir()]
+    assert len(pools) == 1 and pools[0].with_name(f"{pools[0].name}.lock").exists()
 
     def linked_segments() -> set[str]:
         return {f.name.split(".")[0] for f in pools[0].iterdir() if f.is_symlink()}
@@ -654,3 +705,6 @@ def test_bm25_unions_link_only_new_files_and_keep_the_pool_small(
     assert t.bm25_search("text", "token5", k=5, projection=["id"])["id"].to_pylist() == [5]
     assert not leftovers["dead"].exists() and not leftovers["old layout"].exists()
     assert leftovers["alive"].exists() and leftovers["elsewhere"].exists()
+    assert not locked["pid reused"].exists() and not orphan_lock.exists()
+    assert locked["held"].exists()
+    holder.communicate("", timeout=30)

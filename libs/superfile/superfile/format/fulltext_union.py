@@ -35,13 +35,14 @@ union of a new snapshot (every commit makes one) then links only the new
 parts' files, and the reload took 1.1 ms over 140 superfiles, against
 10-15 ms to open a fresh directory and ~30 ms to link every file into it,
 which the first query after each commit paid. Links no recent union lists
-are removed (an open searcher keeps its mapped files); a pool whose process
-died is removed by the next process of the same host to make one there.
+are removed (an open searcher keeps its mapped files). A pool's process holds
+a lock beside it for as long as it lives (``scratch.hold``), and the next
+process of the same host to make a pool there removes the pools whose lock is
+free: the kernel lets a lock go however its holder died, where a pid says
+nothing once a restarted container's process has the dead one's pid again.
 
 A pool also merges the segments of its BM25 unions, in the background (``fulltext_merge``): a union of a
-snapshot lists the merged segments the pool has made of its parts in their place. Tantivy's tie order in a
-merged segment is not ``_id`` order, so such a union fetches the rows tied with the k-th, starting each query
-past as many ties as the last one had.
+snapshot lists the merged segments the pool has made of its parts in their place, each in ``_id`` order.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ from superfile.format.fulltext import (
 )
 from superfile.format.fulltext_merge import Merged, Merges, Source
 from superfile.format.fulltext_pads import PAD_WORD, Padding, boosts_for, checked, pad_directories, paddings
+from superfile.format.scratch import held, hold
 from superfile.format.tantivy_files import read_meta, segment_files
 
 __all__ = ["PaddedUnion", "UnionIndex", "UnionText", "merges_done", "union_of", "union_text", "unions_dir"]
@@ -92,6 +94,7 @@ _TIE_EXTRA = 16  # hits fetched past k, so rows tied with the k-th are all seen 
 _MAX_EXTRA = 4096  # the most hits past k a query starts with (more ties: it fetches 4x as many, again)
 _KEEP_UNIONS = 8  # unions whose files a pool keeps linked (a search may build one for an older snapshot)
 _UNIONS_DIR = "unions"  # where in a cache directory they are
+_LOCK = ".lock"  # beside a pool: held by its process while it lives
 _MERGES_DIR = "merged"  # where in a pool its merged segments are
 _MERGED = -2  # UnionIndex.part_of of a merged segment: its arrays name each document's part
 _NONE = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))  # no hit
@@ -455,6 +458,7 @@ class _Pool:
 
     def __init__(self, path: str, tokenizer: str) -> None:
         self.path, self.tokenizer = path, tokenizer
+        self._held = hold(path + _LOCK)  # for this process's life: the pool is ours while it is held
         self._lock = threading.Lock()
         self._index: tantivy.Index | None = None
         self._linked: set[str] = set()
@@ -541,17 +545,23 @@ def _pool(cache_dir: str, meta: dict[str, Any], tokenizer: str) -> _Pool:
 
 
 def _prune(unions_dir: str) -> None:
-    """Remove the pools of this host's processes that are gone (another host's, sharing the directory, are
-    not this one's to judge), and the directories per union that earlier versions made."""
+    """Remove the pools of this host's processes that are gone: whose lock no one holds, or for a pool of an
+    earlier version without a lock, whose pid is not alive (another host's, sharing the directory, are not this
+    one's to judge: ``flock`` is not reliable across hosts). And the directories per union that earlier
+    versions made."""
     for entry in os.scandir(unions_dir):
         name = entry.name
         if name.startswith("pool-"):
-            host, _, rest = name[len("pool-") :].rpartition("-")[0].rpartition("-")
-            if host != _HOST or not rest.isdigit() or _alive(int(rest)):
+            pool = entry.path.removesuffix(_LOCK)
+            host, _, rest = os.path.basename(pool)[len("pool-") :].rpartition("-")[0].rpartition("-")
+            lock = pool + _LOCK
+            if host != _HOST or held(lock) or (not os.path.exists(lock) and rest.isdigit() and _alive(int(rest))):
                 continue
-        elif not name.startswith("union-"):
-            continue
-        shutil.rmtree(entry.path, ignore_errors=True)
+            shutil.rmtree(pool, ignore_errors=True)  # a lock without its pool: a process that never searched
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)
+        elif name.startswith("union-"):
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

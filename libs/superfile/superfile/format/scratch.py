@@ -1,4 +1,5 @@
 """Scratch directories for building an index: removed after the build, and after a process killed in one.
+Also the lock that tells any per-process directory of a live process from a dead one's (:func:`hold`, :func:`held`).
 
 A build writes its index into a temporary directory, packs it into the superfile, and removes it. A process
 killed mid-build (SIGKILL, the OOM killer) leaves the directory behind; a builder restarted in the same pod
@@ -21,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-__all__ = ["ORPHAN_AGE_S", "scratch_dir"]
+__all__ = ["ORPHAN_AGE_S", "held", "hold", "scratch_dir"]
 
 ORPHAN_AGE_S = 60.0
 _LOCK = ".lock"
@@ -60,7 +61,7 @@ def remove_orphans(parent: str, prefix: str) -> list[str]:
             if not entry.name.startswith(prefix) or entry.name.endswith(_LOCK) or not entry.is_dir():
                 continue
             with contextlib.suppress(FileNotFoundError):
-                if now - entry.stat().st_mtime < ORPHAN_AGE_S or _held(entry.path + _LOCK):
+                if now - entry.stat().st_mtime < ORPHAN_AGE_S or held(entry.path + _LOCK):
                     continue
                 shutil.rmtree(entry.path, ignore_errors=True)
                 with contextlib.suppress(FileNotFoundError):
@@ -69,7 +70,15 @@ def remove_orphans(parent: str, prefix: str) -> list[str]:
     return removed
 
 
-def _held(lock: str) -> bool:
+def hold(lock: str) -> int:
+    """Take ``lock`` (created if missing) for as long as this process lives: the open descriptor, never closed.
+    A process forked from this one shares it, and so keeps the lock while it lives too."""
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def held(lock: str) -> bool:
     """Whether a live process holds ``lock`` (a missing lock file is held by no one)."""
     try:
         fd = os.open(lock, os.O_RDWR)
