@@ -189,7 +189,7 @@ def test_merged_segments_no_union_lists_are_removed(tmp_path: Path, monkeypatch:
     before = t.bm25_search("text", "boundary layer", k=10, projection=["id"])["id"].to_pylist()
     assert fulltext_union.merges_done(WAIT_S)
     mine = f"pool-{fulltext_union._HOST}-{os.getpid()}-"
-    merged_dir = next(p for p in (tmp_path / "unions").iterdir() if p.name.startswith(mine)) / "merged"
+    merged_dir = next(p for p in (tmp_path / "unions").iterdir() if p.name.startswith(mine) and p.is_dir()) / "merged"
     assert _union_segments(t) == (1, 1) and len(list(merged_dir.iterdir())) == 1
     assert t.optimize(target_rows=10_000)["superfiles_removed"] == 8
     for i in range(3):  # new snapshots: unions that list the optimized superfile, not the merged segment
