@@ -623,6 +623,39 @@ def test_the_pool_of_a_killed_process_is_removed_by_the_next(tmp_path: Path) -> 
     assert [p for p in (cache / "unions").iterdir() if p.is_dir() and f"-{os.getpid()}-" in p.name]
 
 
+def test_a_pool_name_held_by_a_process_elsewhere_is_left_to_it(tmp_path: Path) -> None:
+    """A container of the same pod (its own pid namespace, the same hostname) may run as the same pid and hold
+    the lock of the name this process would take: this process takes the next name, and neither prunes the
+    other's pool."""
+    from superfile.format import fulltext_union
+
+    unions = tmp_path / "unions"
+    unions.mkdir()
+    theirs = unions / f"pool-{fulltext_union._HOST}-{os.getpid()}-abc"
+    theirs.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+            f"{theirs}.lock",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    fulltext_union._prune(str(unions))
+    mine = fulltext_union._own_path(str(unions), "abc")
+    assert mine == str(unions / f"pool-{fulltext_union._HOST}-{os.getpid()}x1-abc")
+    fulltext_union._prune(str(unions))
+    assert theirs.exists() and os.path.exists(f"{mine}.lock")
+    holder.communicate("", timeout=30)
+    fulltext_union._prune(str(unions))  # their process gone: its pool goes, this process's stays
+    assert not theirs.exists() and os.path.exists(f"{mine}.lock")
+
+
 def test_bm25_unions_link_only_new_files_and_keep_the_pool_small(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

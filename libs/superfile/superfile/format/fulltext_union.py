@@ -95,6 +95,7 @@ _MAX_EXTRA = 4096  # the most hits past k a query starts with (more ties: it fet
 _KEEP_UNIONS = 8  # unions whose files a pool keeps linked (a search may build one for an older snapshot)
 _UNIONS_DIR = "unions"  # where in a cache directory they are
 _LOCK = ".lock"  # beside a pool: held by its process while it lives
+_NAMES = 64  # names a process tries for a pool before it gives up (others holding the first ones)
 _MERGES_DIR = "merged"  # where in a pool its merged segments are
 _MERGED = -2  # UnionIndex.part_of of a merged segment: its arrays name each document's part
 _NONE = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))  # no hit
@@ -457,8 +458,8 @@ class _Pool:
     """This process's union directory for one index schema (see the module's docstring)."""
 
     def __init__(self, path: str, tokenizer: str) -> None:
+        """``path``: a pool directory whose lock this process holds (:func:`_own_path`)."""
         self.path, self.tokenizer = path, tokenizer
-        self._held = hold(path + _LOCK)  # for this process's life: the pool is ours while it is held
         self._lock = threading.Lock()
         self._index: tantivy.Index | None = None
         self._linked: set[str] = set()
@@ -540,8 +541,24 @@ def _pool(cache_dir: str, meta: dict[str, Any], tokenizer: str) -> _Pool:
             os.makedirs(unions, exist_ok=True)
             _prune(unions)
             tag = hashlib.sha1(schema.encode()).hexdigest()[:12]
-            pool = _pools[key] = _Pool(os.path.join(unions, f"pool-{_HOST}-{os.getpid()}-{tag}"), tokenizer)
+            pool = _pools[key] = _Pool(_own_path(unions, tag), tokenizer)
         return pool
+
+
+_held: list[int] = []  # the descriptors of this process's pool locks: open for its life
+
+
+def _own_path(unions_dir: str, tag: str) -> str:
+    """A pool directory for this process, its lock held from now on. The name has this host and pid, unless a
+    live process holds that name's lock (another container of a pod, in its own pid namespace, has the same
+    hostname and often the same pid, 1): then a count follows the pid."""
+    for n in range(_NAMES):
+        path = os.path.join(unions_dir, f"pool-{_HOST}-{os.getpid()}{f'x{n}' if n else ''}-{tag}")
+        fd = hold(path + _LOCK)
+        if fd is not None:
+            _held.append(fd)
+            return path
+    raise OSError(f"{_NAMES} union pools named for this host and pid are held under {unions_dir}")
 
 
 def _prune(unions_dir: str) -> None:

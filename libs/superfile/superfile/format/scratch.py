@@ -70,11 +70,16 @@ def remove_orphans(parent: str, prefix: str) -> list[str]:
     return removed
 
 
-def hold(lock: str) -> int:
-    """Take ``lock`` (created if missing) for as long as this process lives: the open descriptor, never closed.
-    A process forked from this one shares it, and so keeps the lock while it lives too."""
+def hold(lock: str) -> int | None:
+    """Take ``lock`` (created if missing) for as long as this process lives: the open descriptor, never closed;
+    None if a live process holds it. A process forked from this one shares it, and so keeps the lock while it
+    lives too."""
     fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
     return fd
 
 
