@@ -596,6 +596,24 @@ def test_bm25_modes_prefix_deletes_and_errors(cran_table: superfile.Supertable) 
         cran_table.bm25_search("text", "x", mode="most")
 
 
+def _holding(lock: str) -> subprocess.Popen[str]:
+    """A process holding an ``flock`` on ``lock`` (created if missing) until its stdin closes."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+            lock,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
 def test_the_pool_of_a_killed_process_is_removed_by_the_next(tmp_path: Path) -> None:
     """A process SIGKILLed while it searches leaves its union pool; the next process of the host to make a pool
     in that cache directory removes it, as the kernel let go of the dead one's lock."""
@@ -633,19 +651,7 @@ def test_a_pool_name_held_by_a_process_elsewhere_is_left_to_it(tmp_path: Path) -
     unions.mkdir()
     theirs = unions / f"pool-{fulltext_union._HOST}-{os.getpid()}-abc"
     theirs.mkdir()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
-            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
-            f"{theirs}.lock",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    holder = _holding(f"{theirs}.lock")
     fulltext_union._prune(str(unions))
     mine = fulltext_union._own_path(str(unions), "abc")
     assert mine == str(unions / f"pool-{fulltext_union._HOST}-{os.getpid()}x1-abc")
@@ -690,19 +696,7 @@ def test_bm25_unions_link_only_new_files_and_keep_the_pool_small(
         (d.parent / f"{d.name}.lock").touch()
     orphan_lock = unions / f"pool-{host}-{dead.pid}-n0pool.lock"
     orphan_lock.touch()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
-            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
-            f"{locked['held']}.lock",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    holder = _holding(f"{locked['held']}.lock")
     linked: list[int] = []
     real_symlink = os.symlink
 
