@@ -353,8 +353,8 @@ def test_local_settled_object_is_read_again_on_any_change(tmp_path: Path, monkey
     _settled(tmp_path / "p")
     assert store.read_with_etag("p") == (b"one", local._etag(b"one"))
     reads: list[str] = []
-    real = store.read
-    monkeypatch.setattr(store, "read", lambda path: reads.append(path) or real(path))
+    real = store._read  # the file read itself (read_with_etag's path: target, key)
+    monkeypatch.setattr(store, "_read", lambda target, path: reads.append(path) or real(target, path))
     assert store.read_with_etag("p")[0] == b"one"
     assert reads == []  # settled and unchanged: not read
     store.write("p", b"two")  # a temp file renamed over it, same size
@@ -377,8 +377,8 @@ def test_local_young_objects_are_read_each_time(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(local, "_SETTLED_S", 60.0)  # every file here is young
     store = LocalStorage(str(tmp_path))
     reads: list[str] = []
-    real = store.read
-    monkeypatch.setattr(store, "read", lambda path: reads.append(path) or real(path))
+    real = store._read  # the file read itself (read_with_etag's path: target, key)
+    monkeypatch.setattr(store, "_read", lambda target, path: reads.append(path) or real(target, path))
     for i in range(20):
         data = f"{i // 4:04d}".encode()
         if i % 4 == 0:

@@ -164,7 +164,10 @@ class LocalStorage:
     # -- reads -------------------------------------------------------------
 
     def read(self, path: str) -> bytes:
-        target = self._path(path)
+        return self._read(self._path(path), path)
+
+    def _read(self, target: str, path: str) -> bytes:
+        """The file ``target`` (object ``path``) whole."""
         # by descriptor: open, read, close. Each call lets the interpreter lock go, and the pointer is read once a
         # query: a file object also stats the file twice and checks for a terminal (6 hand-offs, not 3)
         with self._errors(path):
@@ -194,7 +197,7 @@ class LocalStorage:
         known = self._settled.get(path)
         if known is not None and known[0] == seen:
             return known[1], known[2]
-        data = self.read(path)  # if it changed since the stat, seen names a file gone: it cannot match again
+        data = self._read(target, path)  # if it changed since the stat, seen names a file gone: it cannot match
         etag = _etag(data)
         if len(data) < _SMALL_READ and time.time() - st.st_ctime > _SETTLED_S:
             if len(self._settled) >= _SETTLED_MAX:
