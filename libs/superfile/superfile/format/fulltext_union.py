@@ -82,7 +82,7 @@ from superfile.format.fulltext import (
 )
 from superfile.format.fulltext_merge import Merged, Merges, Source
 from superfile.format.fulltext_pads import PAD_WORD, Padding, boosts_for, checked, pad_directories, paddings
-from superfile.format.scratch import held, hold
+from superfile.format.scratch import LOCK, held, hold, remove
 from superfile.format.tantivy_files import read_meta, segment_files
 
 __all__ = ["PaddedUnion", "UnionIndex", "UnionText", "merges_done", "union_of", "union_text", "unions_dir"]
@@ -94,7 +94,6 @@ _TIE_EXTRA = 16  # hits fetched past k, so rows tied with the k-th are all seen 
 _MAX_EXTRA = 4096  # the most hits past k a query starts with (more ties: it fetches 4x as many, again)
 _KEEP_UNIONS = 8  # unions whose files a pool keeps linked (a search may build one for an older snapshot)
 _UNIONS_DIR = "unions"  # where in a cache directory they are
-_LOCK = ".lock"  # beside a pool: held by its process while it lives
 _NAMES = 64  # names a process tries for a pool before it gives up (others holding the first ones)
 _MERGES_DIR = "merged"  # where in a pool its merged segments are
 _MERGED = -2  # UnionIndex.part_of of a merged segment: its arrays name each document's part
@@ -554,7 +553,7 @@ def _own_path(unions_dir: str, tag: str) -> str:
     hostname and often the same pid, 1): then a count follows the pid."""
     for n in range(_NAMES):
         path = os.path.join(unions_dir, f"pool-{_HOST}-{os.getpid()}{f'x{n}' if n else ''}-{tag}")
-        fd = hold(path + _LOCK)
+        fd = hold(path)
         if fd is not None:
             _held.append(fd)
             return path
@@ -569,14 +568,12 @@ def _prune(unions_dir: str) -> None:
     for entry in os.scandir(unions_dir):
         name = entry.name
         if name.startswith("pool-"):
-            pool = entry.path.removesuffix(_LOCK)
+            pool = entry.path.removesuffix(LOCK)
             host, _, rest = os.path.basename(pool)[len("pool-") :].rpartition("-")[0].rpartition("-")
-            lock = pool + _LOCK
-            if host != _HOST or held(lock) or (not os.path.exists(lock) and rest.isdigit() and _alive(int(rest))):
+            unlocked = not os.path.exists(pool + LOCK)  # an earlier version's pool
+            if host != _HOST or held(pool) or (unlocked and rest.isdigit() and _alive(int(rest))):
                 continue
-            shutil.rmtree(pool, ignore_errors=True)  # a lock without its pool: a process that never searched
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock)
+            remove(pool)  # or a lock without its pool: a process that never searched
         elif name.startswith("union-"):
             shutil.rmtree(entry.path, ignore_errors=True)
 

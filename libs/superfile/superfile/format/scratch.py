@@ -1,5 +1,6 @@
 """Scratch directories for building an index: removed after the build, and after a process killed in one.
-Also the lock that tells any per-process directory of a live process from a dead one's (:func:`hold`, :func:`held`).
+Also the lock that tells any per-process directory of a live process from a dead one's (:func:`hold`, :func:`held`,
+:func:`remove`).
 
 A build writes its index into a temporary directory, packs it into the superfile, and removes it. A process
 killed mid-build (SIGKILL, the OOM killer) leaves the directory behind; a builder restarted in the same pod
@@ -22,10 +23,10 @@ import threading
 import time
 from collections.abc import Iterator
 
-__all__ = ["ORPHAN_AGE_S", "held", "hold", "scratch_dir"]
+__all__ = ["LOCK", "ORPHAN_AGE_S", "held", "hold", "remove", "scratch_dir"]
 
 ORPHAN_AGE_S = 60.0
-_LOCK = ".lock"
+LOCK = ".lock"  # the suffix of a directory's lock file, beside it
 _swept: set[tuple[str, str]] = set()  # (parent, prefix) this process has swept
 _swept_lock = threading.Lock()
 
@@ -41,14 +42,12 @@ def scratch_dir(prefix: str, parent: str | None = None) -> Iterator[str]:
     if first:
         remove_orphans(parent, prefix)
     path = tempfile.mkdtemp(prefix=prefix, dir=parent)
-    fd = os.open(path + _LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    fd = os.open(path + LOCK, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path + _LOCK)
+        remove(path)
         os.close(fd)
 
 
@@ -58,23 +57,21 @@ def remove_orphans(parent: str, prefix: str) -> list[str]:
     removed = []
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(parent):
-            if not entry.name.startswith(prefix) or entry.name.endswith(_LOCK) or not entry.is_dir():
+            if not entry.name.startswith(prefix) or entry.name.endswith(LOCK) or not entry.is_dir():
                 continue
             with contextlib.suppress(FileNotFoundError):
-                if now - entry.stat().st_mtime < ORPHAN_AGE_S or held(entry.path + _LOCK):
+                if now - entry.stat().st_mtime < ORPHAN_AGE_S or held(entry.path):
                     continue
-                shutil.rmtree(entry.path, ignore_errors=True)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path + _LOCK)
+                remove(entry.path)
                 removed.append(entry.path)
     return removed
 
 
-def hold(lock: str) -> int | None:
-    """Take ``lock`` (created if missing) for as long as this process lives: the open descriptor, never closed;
-    None if a live process holds it. A process forked from this one shares it, and so keeps the lock while it
-    lives too."""
-    fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+def hold(directory: str) -> int | None:
+    """Take ``directory``'s lock (its file created if missing) for as long as this process lives: the open
+    descriptor, never closed; None if a live process holds it. A process forked from this one shares it, and so
+    keeps the lock while it lives too."""
+    fd = os.open(directory + LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -83,10 +80,10 @@ def hold(lock: str) -> int | None:
     return fd
 
 
-def held(lock: str) -> bool:
-    """Whether a live process holds ``lock`` (a missing lock file is held by no one)."""
+def held(directory: str) -> bool:
+    """Whether a live process holds ``directory``'s lock (a missing lock file is held by no one)."""
     try:
-        fd = os.open(lock, os.O_RDWR)
+        fd = os.open(directory + LOCK, os.O_RDWR)
     except FileNotFoundError:
         return False
     try:
@@ -96,3 +93,10 @@ def held(lock: str) -> bool:
     finally:
         os.close(fd)  # closing lets go of the lock if it was taken
     return False
+
+
+def remove(directory: str) -> None:
+    """Remove ``directory`` (if there) and its lock file."""
+    shutil.rmtree(directory, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(directory + LOCK)
