@@ -476,21 +476,22 @@ class Searcher:
             arrays += [table.column(c) for c in cols]
         return pa.Table.from_arrays(arrays, schema=self._result_schema(cols))
 
-    def _result_schema(self, cols: list[str]) -> pa.Schema:
-        """The result's schema with the search's counts as metadata, made once per snapshot and counts."""
-        key = (tuple(cols), self.total, self.searched)
+    def _result_schema(self, cols: list[str], hybrid: bool = False) -> pa.Schema:
+        """The result's schema with the search's counts as metadata (a hybrid result: its float64 score and the
+        version alone), made once per snapshot, projection and counts."""
+        key = (tuple(cols), hybrid, self.total, self.searched)
         schemas = self.snap.memo("result schemas")
         schema = schemas.get(key)
         if schema is None:
             if len(schemas) >= _RESULT_SCHEMAS:  # many projections asked of one snapshot: start over
                 schemas.clear()
-            fields: list[pa.Field] = [*_RESULT_FIELDS, *(self.snap.plain_schema.field(c) for c in cols)]
-            meta: dict[bytes | str, bytes | str] = {
-                "superfile.version": str(self.snap.version),
-                "superfile.superfiles": str(self.total),
-                "superfile.pruned": str(self.total - self.searched),
-                "superfile.searched": str(self.searched),
-            }
+            score = pa.field(SCORE, pa.float64()) if hybrid else _RESULT_FIELDS[1]
+            fields = [_RESULT_FIELDS[0], score, *(self.snap.plain_schema.field(c) for c in cols)]
+            meta: dict[bytes | str, bytes | str] = {"superfile.version": str(self.snap.version)}
+            if not hybrid:
+                meta["superfile.superfiles"] = str(self.total)
+                meta["superfile.pruned"] = str(self.total - self.searched)
+                meta["superfile.searched"] = str(self.searched)
             schema = schemas[key] = pa.schema(fields, metadata=meta)
         return schema
 
@@ -1107,7 +1108,7 @@ class Searcher:
             results = [text(), vec()]
         ranked = [ranked_ids(r) for r in results]
         ids, fused = rrf_fuse(ranked, k)
-        schema = self._hybrid_schema(cols)
+        schema = self._result_schema(cols, hybrid=True)
         if not cols:
             return ranked_table(schema, ids, fused)
         # each fused row's columns from its first place in the two lists
@@ -1118,19 +1119,6 @@ class Searcher:
         arrays: list[pa.Array | pa.ChunkedArray] = [result_column(ids, pa.uint64()), result_column(fused, pa.float64())]
         arrays += [rows.column(c) for c in cols]
         return pa.Table.from_arrays(arrays, schema=schema)
-
-    def _hybrid_schema(self, cols: list[str]) -> pa.Schema:
-        """A hybrid result's schema (its score is float64), made once per snapshot and projection."""
-        schemas = self.snap.memo("hybrid schemas")
-        schema = schemas.get(tuple(cols))
-        if schema is None:
-            if len(schemas) >= _RESULT_SCHEMAS:
-                schemas.clear()
-            fields: list[pa.Field] = [pa.field(ID, pa.uint64(), nullable=False), pa.field(SCORE, pa.float64())]
-            fields += [self.snap.plain_schema.field(c) for c in cols]
-            meta: dict[bytes | str, bytes | str] = {"superfile.version": str(self.snap.version)}
-            schema = schemas[tuple(cols)] = pa.schema(fields, metadata=meta)
-        return schema
 
 
 def check_row_limit(found: int, max_rows: int | None) -> None:
