@@ -34,11 +34,8 @@ class _Arena:
         self.schema = schema
         self.ids = np.empty(rows, schema.field(0).type.to_pandas_dtype())
         self.scores = np.empty(rows, schema.field(1).type.to_pandas_dtype())
-        arrays = [
-            pa.Array.from_buffers(schema.field(i).type, rows, [None, pa.py_buffer(values.data)])
-            for i, values in enumerate((self.ids, self.scores))
-        ]
-        self.table = pa.Table.from_arrays(arrays, schema=schema)
+        arrays = [result_column(values, schema.field(i).type) for i, values in enumerate((self.ids, self.scores))]
+        self.table = pa.Table.from_arrays(arrays, schema=schema)  # over the arrays' memory: writes show through
         self.used = 0
 
 
