@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pyroaring import BitMap
+from pyroaring import BitMap, FrozenBitMap
 from superfile.format.vector_index import METRICS, VectorIndex, VectorIndexParams, build_vector_index
 from superfile.format.vector_union import VectorUnion
 from test_vector_index import clustered, exact, low_rank
@@ -19,8 +19,15 @@ def index(x: np.ndarray, metric: str, **params: int | str) -> VectorIndex:
     return VectorIndex.from_buffer(build_vector_index(x, metric, VectorIndexParams(**params)))
 
 
+def grouped(hits: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """A union's hits (each one's part, row and distance, by part) as (part, rows, distances) per part with hits."""
+    part, rows, dist = hits
+    assert len(part) == len(rows) == len(dist) and np.all(part[1:] >= part[:-1])
+    return [(p, rows[part == p], dist[part == p]) for p in dict.fromkeys(part.tolist())]
+
+
 def flat(hits: list[tuple[int, np.ndarray, np.ndarray]], base: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Hits as rows of the parts' concatenation, nearest first, and their distances."""
+    """Hits per part as rows of the parts' concatenation, nearest first, and their distances."""
     rows = [base[p] + r for p, r, _ in hits]
     dist = [d for _, _, d in hits]
     if not rows:
@@ -45,7 +52,7 @@ def test_exhaustive_union_is_exact(seed, sizes, dim, metric, k) -> None:
     q = rng.standard_normal(dim).astype(np.float32)
     union = VectorUnion([index(x, metric, nlist=max(1, len(x) // 8)) for x in xs])
     hits = union.top(q, k, range(len(xs)), nprobe=60, rerank=sum(sizes))
-    rows, dist = flat(hits, np.concatenate(([0], np.cumsum(sizes)))[:-1].tolist())
+    rows, dist = flat(grouped(hits), np.concatenate(([0], np.cumsum(sizes)))[:-1].tolist())
     _, want = exact(np.concatenate(xs), q, metric, k)
     assert len(rows) == min(k, sum(sizes))
     assert np.allclose(dist, want, atol=1e-4)
@@ -66,7 +73,7 @@ def test_default_knobs_rank_like_the_indexes_one_by_one(metric) -> None:
     got_union = got_each = 0
     for q in queries:
         want = set(exact(data, q, metric, 10)[0].tolist())
-        got_union += len(want & set(flat(union.top(q, 10, range(4)), bounds).__getitem__(0).tolist()))
+        got_union += len(want & set(flat(grouped(union.top(q, 10, range(4))), bounds).__getitem__(0).tolist()))
         each = [(p, *parts[p].search(q, 10)) for p in range(4)]
         got_each += len(want & set(flat(each, bounds)[0][:10].tolist()))
     assert got_union / (10 * len(queries)) >= 0.95
@@ -86,10 +93,10 @@ def test_parts_with_reduced_and_full_codes_rank_together(metric) -> None:
     union = VectorUnion(parts)
     got = 0
     for q in queries:
-        _, dist = flat(union.top(q, 10, range(3), nprobe=10**6, rerank=9_000), bounds)
+        _, dist = flat(grouped(union.top(q, 10, range(3), nprobe=10**6, rerank=9_000)), bounds)
         want_rows, want = exact(data, q, metric, 10)
         assert np.allclose(dist, want, atol=1e-4)
-        got += len(set(flat(union.top(q, 10, range(3)), bounds)[0].tolist()) & set(want_rows.tolist()))
+        got += len(set(flat(grouped(union.top(q, 10, range(3))), bounds)[0].tolist()) & set(want_rows.tolist()))
     assert got / (10 * len(queries)) >= 0.95
 
 
@@ -111,28 +118,53 @@ def test_each_part_ranks_its_allowed_rows_as_its_own_search_does(metric) -> None
             (3, BitMap()),
         ]
         for knobs in ({}, {"nprobe": 2, "rerank": 12}):
-            together = {p: (rows, dist) for p, rows, dist in union.top_each(q, 10, allow, **knobs)}
+            together = {p: (rows, dist) for p, rows, dist in grouped(union.top_each(q, 10, allow, **knobs))}
             assert set(together) == {0, 1, 2}
             for p, rows_allowed in allow[:3]:
                 rows, dist = parts[p].search(q, 10, allow=rows_allowed, **knobs)
                 assert np.array_equal(together[p][0], rows) and np.array_equal(together[p][1], dist)
                 if rows_allowed is not None:
                     assert set(rows.tolist()) <= set(rows_allowed)
-            ((p, rows, dist),) = union.top_each(q, 10, allow[2:], **knobs)
+            ((p, rows, dist),) = grouped(union.top_each(q, 10, allow[2:], **knobs))
             assert p == 2 and np.array_equal(rows, together[2][0]) and np.array_equal(dist, together[2][1])
     with pytest.raises(ValueError, match="named twice"):
         union.top_each(data[0], 10, [(1, None), (1, None)])
+
+
+def test_a_frozen_bitmaps_positions_are_kept_for_that_bitmap_only() -> None:
+    """``top_each`` keeps the allowed rows' positions of a frozen bitmap it was given: asked again with it, and
+    with a new bitmap of other rows (which may take the id of a freed one), each answer is the part's own search
+    of those rows; a mutable bitmap is never kept (its rows may change)."""
+    data = clustered(6_000, 16, seed=5)
+    parts = [index(data[:4_000], "l2"), index(data[4_000:], "l2")]
+    union = VectorUnion(parts)
+    rng = np.random.default_rng(8)
+    q = data[17]
+    for _ in range(6):
+        rows0 = rng.choice(4_000, int(rng.integers(1, 3_000)), replace=False).tolist()
+        allowed = FrozenBitMap(rows0)
+        want = parts[0].search(q, 10, allow=BitMap(rows0))
+        for _ in range(2):
+            (p, rows, dist), *_ = grouped(union.top_each(q, 10, [(0, allowed), (1, None)]))
+            assert p == 0 and np.array_equal(rows, want[0]) and np.array_equal(dist, want[1])
+        del allowed  # its id may now name the next bitmap
+    mutable = BitMap(range(0, 4_000, 2))
+    union.top_each(q, 10, [(0, mutable)])
+    mutable.clear()
+    mutable.update(range(1, 4_000, 2))
+    ((_, rows, _),) = grouped(union.top_each(q, 10, [(0, mutable)]))
+    assert all(r % 2 == 1 for r in rows.tolist())
 
 
 def test_only_the_named_parts_are_searched() -> None:
     xs = [clustered(500, 8, seed=s) for s in range(3)]
     union = VectorUnion([index(x, "l2") for x in xs])
     q = xs[1][7]
-    hits = union.top(q, 5, [0, 2])
+    hits = grouped(union.top(q, 5, [0, 2]))
     assert {p for p, _, _ in hits} <= {0, 2}
     assert sum(len(r) for _, r, _ in hits) == 5
-    assert union.top(q, 5, []) == []
-    (p, rows, dist), *_ = union.top(q, 1, [1])
+    assert grouped(union.top(q, 5, [])) == []
+    (p, rows, dist), *_ = grouped(union.top(q, 1, [1]))
     assert (p, rows.tolist(), float(dist[0])) == (1, [7], 0.0)
 
 
@@ -140,7 +172,7 @@ def test_short_lists_widen_the_probe() -> None:
     """k beyond the rows of the nprobe nearest lists: probing goes on until k rows were seen."""
     x = clustered(400, 8, seed=9)
     union = VectorUnion([index(x, "cosine", nlist=50), index(x[:30], "cosine", nlist=10)])
-    hits = union.top(x[0], 80, [0, 1], nprobe=1)
+    hits = grouped(union.top(x[0], 80, [0, 1], nprobe=1))
     assert sum(len(r) for p, r, _ in hits if p == 0) + sum(len(r) for p, r, _ in hits if p == 1) == 80
 
 

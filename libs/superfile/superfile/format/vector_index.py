@@ -219,8 +219,8 @@ class VectorIndex:
         """
         k, nprobe, rerank = self._knobs(k, nprobe, rerank)
         if self.kind == "ivf":  # a union of this one index: one IVF search for a superfile and for many
-            found = self._union.top_each(query, k, [(0, allow)], nprobe=nprobe, rerank=rerank)
-            return (found[0][1], found[0][2]) if found else (np.empty(0, np.int64), np.empty(0, np.float32))
+            _, rows, dist = self._union.top_each(query, k, [(0, allow)], nprobe=nprobe, rerank=rerank)
+            return rows, dist
         return self._search(self.prepare_query(query), k, rerank, self._filter(allow))
 
     def vectors(self, rows: npt.ArrayLike) -> _Floats:

@@ -57,19 +57,20 @@ from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from pyroaring import AbstractBitMap
+from pyroaring import AbstractBitMap, FrozenBitMap
 
 from superfile.errors import InvalidOptionError
 from superfile.format.vector_sections import IvfLists, exact_distances
 
-__all__ = ["IndexPart", "VectorUnion"]
+__all__ = ["Hits", "IndexPart", "VectorUnion"]
 
 _Floats = npt.NDArray[np.float32]
 _Ints = npt.NDArray[np.int64]
-_Hits = list[tuple[int, _Ints, _Floats]]
+Hits = tuple[_Ints, _Ints, _Floats]  # each hit's part, row offset and distance, by part, each part's nearest first
 
 _BRUTE_FACTOR: Final = 1.0  # scan a part's allowed rows directly when fewer than this x its default probe scans
 _FILTER_EXPONENT: Final = 0.75  # a filter keeping a fraction s of a part's rows: scan s**0.75 of what probing scans
+_SEEN_ROWS: Final = 1 << 20  # allowed-row positions a union keeps for its filters' bitmaps (8 MB)
 
 
 class IndexPart(Protocol):
@@ -100,6 +101,9 @@ class VectorUnion:
 
         self._kernels = IvfParts(self._lists, self.metric)
         self._rows = np.diff(self._kernels.base)  # how many rows each part has
+        # (part, id of a frozen bitmap) -> the bitmap, how many rows it allows, their positions (see _allowed)
+        self._seen: dict[tuple[int, int], tuple[FrozenBitMap, int, _Ints]] = {}
+        self._seen_rows = 0
 
     def top(
         self,
@@ -109,8 +113,9 @@ class VectorUnion:
         *,
         nprobe: int | None = None,
         rerank: int | None = None,
-    ) -> _Hits:
-        """The ``k`` nearest rows over ``parts``: (part, row offsets, distances) per part with hits.
+    ) -> Hits:
+        """The ``k`` nearest rows over ``parts``: each hit's part, row offset and distance, by part (ascending),
+        each part's nearest first.
 
         ``nprobe`` is per part, as for ``VectorIndex.search`` (None: each part's default); ``rerank`` is for
         the whole search (None: the largest of the parts' defaults). The query is checked like there.
@@ -118,12 +123,12 @@ class VectorUnion:
         q = self._first_part.prepare_query(query)
         chosen = np.array(sorted(set(parts)), np.int64)  # (np.unique lets the interpreter lock go)
         if k <= 0 or not len(chosen):
-            return []
+            return _no_hits()
         want = max(rerank or int(self._kernels.rerank[chosen].max()), k)
         part, v, norms, rows = self._kernels.first_pass(q, chosen, nprobe or 0, k, want)
         dist = exact_distances(v, q, norms, self.metric)
         keep = self._kernels.ranked(dist, part, rows, k)
-        return _grouped(part[keep], rows[keep], dist[keep])
+        return part[keep], rows[keep], dist[keep]
 
     def top_each(
         self,
@@ -133,7 +138,7 @@ class VectorUnion:
         *,
         nprobe: int | None = None,
         rerank: int | None = None,
-    ) -> _Hits:
+    ) -> Hits:
         """For each (part, allowed row offsets or None for all) of ``allow``, the ``k`` nearest of those rows,
         ranked with a rerank pool of the part's own: what ``VectorIndex.search(query, k, allow=...)`` of the
         part alone gives, so the answer over some parts does not depend on how they are split (a fleet's shares).
@@ -149,43 +154,65 @@ class VectorUnion:
         q = self._first_part.prepare_query(query)
         parts, allowed, rows = self._allowed(allow)
         if k <= 0 or not len(parts):
-            return []
+            return _no_hits()
         part, v, norms, rows = self._kernels.first_pass_each(
             q, parts, allowed, rows, nprobe or 0, rerank or 0, k, _BRUTE_FACTOR, _FILTER_EXPONENT
         )
         dist = exact_distances(v, q, norms, self.metric)
         keep = self._kernels.ranked(dist, part, rows, k, each=True)
-        return _grouped(part[keep], rows[keep], dist[keep])
+        return part[keep], rows[keep], dist[keep]
 
     # -- steps ----------------------------------------------------------------------------------
 
     def _allowed(self, allow: Sequence[tuple[int, AbstractBitMap | None]]) -> tuple[_Ints, _Ints, _Ints]:
         """The parts with rows to search (ascending), how many rows each allows, and the allowed rows of the
         filtered ones as positions in the union's numbering (ascending); a part allowing every row is not
-        filtered."""
+        filtered. A frozen bitmap's positions are kept (:attr:`_seen`): a filter's bitmaps are the same objects
+        search after search (the caller keeps them per snapshot), and finding the positions again was a third
+        of a selective filtered search's Python."""
         found: dict[int, int] = {}
-        filtered: list[int] = []
-        ids: list[npt.NDArray[np.uint32]] = []
+        positions: dict[int, _Ints] = {}
+        todo: list[tuple[int, AbstractBitMap]] = []
+        seen = self._seen
         for p, bitmap in sorted(allow, key=lambda pair: pair[0]):
             if not 0 <= p < len(self._lists) or p in found:
                 raise ValueError(f"part {p} is not a part of the union or is named twice")
             found[p] = int(self._rows[p])
-            if bitmap is not None:
-                if not isinstance(bitmap, AbstractBitMap):
-                    raise InvalidOptionError(f"allow must be a pyroaring (Frozen)BitMap, got {type(bitmap).__name__}")
-                filtered.append(p)
-                ids.append(np.frombuffer(bitmap.to_array(), dtype=np.uint32))
-        rows = np.zeros(0, np.int64)
-        if filtered:
+            if bitmap is None:
+                continue
+            if not isinstance(bitmap, AbstractBitMap):
+                raise InvalidOptionError(f"allow must be a pyroaring (Frozen)BitMap, got {type(bitmap).__name__}")
+            known = seen.get((p, id(bitmap)))
+            if known is not None and known[0] is bitmap:  # held by the entry, so its id names no other bitmap
+                found[p], positions[p] = known[1], known[2]
+            else:
+                todo.append((p, bitmap))
+        if todo:
+            ids = [np.frombuffer(bitmap.to_array(), dtype=np.uint32) for _, bitmap in todo]
             ends = np.array(list(itertools.accumulate(len(i) for i in ids)), np.int64)
-            counts, rows = self._kernels.positions(np.array(filtered, np.int64), np.concatenate(ids), ends)
-            found.update(zip(filtered, counts.tolist(), strict=True))
+            filtered = np.array([p for p, _ in todo], np.int64)
+            counts, rows = self._kernels.positions(filtered, np.concatenate(ids), ends)
+            cuts = np.zeros(len(todo) + 1, np.int64)
+            cuts[1:] = np.cumsum(np.where((counts > 0) & (counts < self._rows[filtered]), counts, 0))
+            for (p, bitmap), count, a, b in zip(
+                todo, counts.tolist(), cuts[:-1].tolist(), cuts[1:].tolist(), strict=True
+            ):
+                found[p], positions[p] = count, rows[a:b]
+                if isinstance(bitmap, FrozenBitMap):
+                    self._keep(p, bitmap, count, rows[a:b])
         parts = np.array([p for p, m in found.items() if m > 0], np.int64)
         allowed = np.array([m for m in found.values() if m > 0], np.int64)
+        pieces = [positions[p] for p in parts.tolist() if p in positions]
+        rows = pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
         return parts, allowed, rows
 
+    def _keep(self, part: int, bitmap: FrozenBitMap, count: int, positions: _Ints) -> None:
+        """Remember ``bitmap``'s positions in ``part``; past :data:`_SEEN_ROWS` positions in all, start over."""
+        if self._seen_rows + len(positions) > _SEEN_ROWS:
+            self._seen, self._seen_rows = {}, 0
+        self._seen[(part, id(bitmap))] = (bitmap, count, positions.copy())
+        self._seen_rows += len(positions)
 
-def _grouped(part: _Ints, rows: _Ints, dist: _Floats) -> _Hits:
-    """Hits ordered by part as (part, row offsets, distances) per part."""
-    cuts = [0, *(np.flatnonzero(part[1:] != part[:-1]) + 1).tolist(), len(part)]
-    return [(int(part[a]), rows[a:b], dist[a:b]) for a, b in itertools.pairwise(cuts) if b > a]
+
+def _no_hits() -> Hits:
+    return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)

@@ -86,8 +86,8 @@ class LocalStorage:
             except OSError as err:
                 raise StorageError(f"cannot create storage root {self._root!r}: {err}") from err
         self.uri = "file://" + self._root
-        # read_with_etag's settled small objects: path -> (inode, size, mtime, ctime), bytes, etag
-        self._settled: dict[str, tuple[tuple[int, ...], bytes, str]] = {}
+        # read_with_etag's settled small objects: key -> its file, (device, inode, size, mtime, ctime), bytes, etag
+        self._settled: dict[str, tuple[str, tuple[int, ...], bytes, str]] = {}
 
     # -- helpers -----------------------------------------------------------
 
@@ -99,10 +99,13 @@ class LocalStorage:
         """Turn OS errors into the package's typed storage errors."""
         try:
             yield
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as err:
-            raise ObjectNotFoundError(f"{self.uri}: no object {path!r}") from err
         except OSError as err:
-            raise StorageError(f"{self.uri}: {path!r}: {err}") from err
+            raise self._typed(path, err) from err
+
+    def _typed(self, path: str, err: OSError) -> StorageError:
+        if isinstance(err, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
+            return ObjectNotFoundError(f"{self.uri}: no object {path!r}")
+        return StorageError(f"{self.uri}: {path!r}: {err}")
 
     @contextlib.contextmanager
     def _dir_locked(self, directory: str) -> Iterator[None]:
@@ -190,19 +193,21 @@ class LocalStorage:
         ctime changed. Every change of a file sets its ctime to now, past the settled one, and so does any new
         file given the same inode number (assuming the file system's clock is this machine's to within a
         second, as it is for a local disk)."""
-        target = self._path(path)
-        with self._errors(path):
+        known = self._settled.get(path)  # a remembered key was checked and resolved when it was remembered
+        target = self._path(path) if known is None else known[0]
+        try:  # not _errors: on every strong read, its generator costs as much as the stat
             st = os.stat(target)
+        except OSError as err:
+            raise self._typed(path, err) from err
         seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        known = self._settled.get(path)
-        if known is not None and known[0] == seen:
-            return known[1], known[2]
+        if known is not None and known[1] == seen:
+            return known[2], known[3]
         data = self._read(target, path)  # if it changed since the stat, seen names a file gone: it cannot match
         etag = _etag(data)
         if len(data) < _SMALL_READ and time.time() - st.st_ctime > _SETTLED_S:
             if len(self._settled) >= _SETTLED_MAX:
                 self._settled.clear()
-            self._settled[path] = (seen, data, etag)
+            self._settled[path] = (target, seen, data, etag)
         return data, etag
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:

@@ -46,6 +46,7 @@ from superfile.format.fulltext import (
 )
 from superfile.format.fulltext_merge import on_merged
 from superfile.format.fulltext_union import PaddedUnion, UnionIndex, UnionText, union_of, union_text
+from superfile.format.vector_union import Hits as VectorHits
 from superfile.format.vector_union import VectorUnion
 from superfile.manifest.model import SuperfileEntry
 from superfile.pools import search_pool, searching
@@ -243,9 +244,23 @@ class _Hits:
     ids: np.ndarray | None = None  # their ``_id``, where the search has them at hand (else read at the merge)
 
 
+@dataclass
+class _PartHits:
+    """Hits of a union's superfiles, as it gives them: hit i is row ``offsets[i]`` of ``members[part[i]]``
+    (one set of arrays where a :class:`_Hits` a superfile cost ~1 us of Python per superfile, twice)."""
+
+    members: list[SuperfileEntry]
+    part: np.ndarray
+    offsets: np.ndarray
+    scores: np.ndarray
+    ids: np.ndarray
+
+
 # a union with its parts' superfiles, their _ids end to end and where each part's begin
 _UnionOf = tuple[UnionIndex, list[SuperfileEntry], np.ndarray, np.ndarray]
-_VectorUnionOf = tuple[VectorUnion, list[SuperfileEntry], dict[str, int], list[np.ndarray]]
+# a vector union with its parts' superfiles, each one's part number by path, their _ids end to end and where each
+# part's begin
+_VectorUnionOf = tuple[VectorUnion, list[SuperfileEntry], dict[str, int], np.ndarray, np.ndarray]
 
 
 def _ranking(ids: np.ndarray, scores: np.ndarray | None, descending: bool, k: int | None) -> np.ndarray:
@@ -433,19 +448,31 @@ class Searcher:
         self.searched = len(entries)
         return self.snap.each(fn, entries)
 
-    def _result(self, hits: list[_Hits], k: int | None, descending: bool, projection: Sequence[str] | None) -> pa.Table:
+    def _result(
+        self, hits: Sequence[_Hits | _PartHits], k: int | None, descending: bool, projection: Sequence[str] | None
+    ) -> pa.Table:
         """Merge per-superfile hits into one ranking (ties: ``_id``), resolve ids and projected columns."""
         ranked = [h for h in hits if len(h.offsets)]
         if not ranked:
             empty = np.zeros(0, np.int64)
             return self._ranked([], empty, empty, np.zeros(0, np.uint64), None, k, descending, projection)
-        which = np.concatenate([np.full(len(h.offsets), i) for i, h in enumerate(ranked)])
-        offsets = np.concatenate([h.offsets for h in ranked])
-        ids = np.concatenate([self.snap.files.open(h.entry).ids(h.offsets) if h.ids is None else h.ids for h in ranked])
+        entries: list[SuperfileEntry] = []
+        which: list[np.ndarray] = []
+        ids: list[np.ndarray] = []
+        for h in ranked:
+            if isinstance(h, _PartHits):
+                which.append(h.part + len(entries) if entries else h.part)
+                entries += h.members
+                ids.append(h.ids)
+            else:
+                which.append(np.full(len(h.offsets), len(entries)))
+                entries.append(h.entry)
+                ids.append(self.snap.files.open(h.entry).ids(h.offsets) if h.ids is None else h.ids)
         scores = None
         if ranked[0].scores is not None:
-            scores = np.concatenate([h.scores for h in ranked if h.scores is not None])
-        return self._ranked([h.entry for h in ranked], which, offsets, ids, scores, k, descending, projection)
+            scores = _joined([h.scores for h in ranked if h.scores is not None])
+        offsets = _joined([h.offsets for h in ranked])
+        return self._ranked(entries, _joined(which), offsets, _joined(ids), scores, k, descending, projection)
 
     def _ranked(
         self,
@@ -457,22 +484,23 @@ class Searcher:
         k: int | None,
         descending: bool,
         projection: Sequence[str] | None,
+        order: slice | None = None,
     ) -> pa.Table:
         """The result of hits given flat: each one's superfile (an index into ``entries``), row offset, ``_id``
-        and score (None: unranked, in ``_id`` order)."""
+        and score (None: unranked, in ``_id`` order). ``order``: the hits' answer, where they come ranked."""
         cols = self._projection(projection)
         if scores is not None:
             scores = scores.astype(np.float32, copy=False)
-        order = _ranking(ids, scores, descending, k)
+        at = _ranking(ids, scores, descending, k) if order is None else order
         if scores is not None and not cols:
-            return ranked_table(self._result_schema(cols), ids[order], scores[order])
-        hit_ids = ids[order]
+            return ranked_table(self._result_schema(cols), ids[at], scores[at])
+        hit_ids = ids[at]
         arrays: list[pa.Array | pa.ChunkedArray] = [
             result_column(hit_ids, pa.uint64()),
-            result_column(scores[order], pa.float32()) if scores is not None else pa.nulls(len(hit_ids), pa.float32()),
+            result_column(scores[at], pa.float32()) if scores is not None else pa.nulls(len(hit_ids), pa.float32()),
         ]
         if cols:
-            table = self._rows(entries, which[order], offsets[order], cols)
+            table = self._rows(entries, which[at], offsets[at], cols)
             arrays += [table.column(c) for c in cols]
         return pa.Table.from_arrays(arrays, schema=self._result_schema(cols))
 
@@ -657,7 +685,10 @@ class Searcher:
             self.total = self.snap.manifest.superfile_count
             self.searched = len(entries)
             parts, rows, scores = union.top(terms, k, mode)
-            return self._ranked(entries, parts, rows, ids[starts[parts] + rows], scores, k, True, projection)
+            hit_ids = ids[starts[parts] + rows]
+            # an ordered union's hits come ranked: by score, ties by (segment, doc), which is _id order
+            order = slice(k) if union.ordered else None
+            return self._ranked(entries, parts, rows, hit_ids, scores, k, True, projection, order)
         if self.corpus is not None:  # a leaf: the root sent only superfiles whose bloom filters may hold the terms
             candidates = self._entries()
             stats = self.corpus
@@ -911,11 +942,7 @@ class Searcher:
         """Live rows of ``e`` that pass both filters, kept with the snapshot (a filtered search over 16 superfiles
         looked each up in ``_filter_cache``, ~3 us apiece, and recomputed its live rows); each filter's rows
         come from ``_filter_cache``, which later snapshots share."""
-        filters = None if text_filter is None else (text_filter["column"], text_filter["mode"], *text_filter["terms"])
-        memo_key = ("allowed", filters, where_text)
-        memo = self._memos.get(memo_key)
-        if memo is None:  # once a search: the snapshot's memo is an LRU lookup under a lock
-            memo = self._memos[memo_key] = self.snap.memo(memo_key)
+        memo = self._allowed_memo(text_filter, where_text)
         if e.path in memo:
             kept: pyroaring.AbstractBitMap | None = memo[e.path]
             return kept
@@ -940,6 +967,31 @@ class Searcher:
             allow = matched if allow is None else (matched & allow)
         memo[e.path] = allow
         return allow
+
+    def _allowed_each(
+        self,
+        entries: Sequence[SuperfileEntry],
+        text_filter: Mapping[str, Any] | None,
+        where: Predicate | None,
+        where_text: str | None,
+    ) -> list[pyroaring.AbstractBitMap | None]:
+        """:meth:`_allowed` of each of ``entries``, from the snapshot's memo where every one is there (a repeated
+        filter's steady state; :meth:`Snapshot.each` weighs each superfile's budget, ~2 us apiece), else
+        through it (cold ones are opened in parallel)."""
+        memo = self._allowed_memo(text_filter, where_text)
+        known = [memo.get(e.path, memo) for e in entries]  # the memo itself: not there
+        if all(a is not memo for a in known):
+            return known
+        return self.snap.each(lambda e: self._allowed(e, text_filter, where, where_text), entries)
+
+    def _allowed_memo(self, text_filter: Mapping[str, Any] | None, where_text: str | None) -> dict[str, Any]:
+        """The snapshot's memo of each superfile's allowed rows under these filters, by superfile path."""
+        filters = None if text_filter is None else (text_filter["column"], text_filter["mode"], *text_filter["terms"])
+        key = ("allowed", filters, where_text)
+        memo = self._memos.get(key)
+        if memo is None:  # once a search: the snapshot's memo is an LRU lookup under a lock
+            memo = self._memos[key] = self.snap.memo(key)
+        return memo
 
     def _vector_plan(
         self, column: str, vector: Any, k: int, text_filter: Mapping[str, Any] | None, where: str | None
@@ -1001,27 +1053,30 @@ class Searcher:
         filtered = tf is not None or predicate is not None
         run = self.snap.map if filtered and self.spread else self.snap.each
         united = self._vector_union(column)
-        union, members, part_of, ids = united if united is not None else (None, [], {}, [])
 
-        def own_pools(each: list[tuple[int, pyroaring.AbstractBitMap | None]]) -> list[tuple[int, Any, Any]]:
-            return union.top_each(q, k, each, nprobe=nprobe, rerank=rerank) if union is not None and each else []
+        def search(batch: list[SuperfileEntry]) -> list[_Hits | _PartHits]:
+            if united is None:
+                return list(run(one, batch))
+            union, members, part_of, ids, starts = united
 
-        def search(batch: list[SuperfileEntry]) -> list[_Hits]:
-            if union is None:
-                return run(one, batch)
+            def own_pools(each: list[tuple[int, pyroaring.AbstractBitMap | None]]) -> VectorHits:
+                return union.top_each(q, k, each, nprobe=nprobe, rerank=rerank)
+
             inside = [e for e in batch if e.path in part_of]
             alone = [part_of[e.path] for e in inside if not filtered and e.deletes is None]
             own = [e for e in inside if filtered or e.deletes is not None]
-            # inline: cached bitmaps cost microseconds, and a cold filter's Arrow kernels use Arrow's own threads
-            allow = self.snap.each(lambda e: self._allowed(e, tf, predicate, where), own)
-            each = list(zip([part_of[e.path] for e in own], allow, strict=True))
-            found = union.top(q, k, alone, nprobe=nprobe, rerank=rerank) if alone else []
+            each = list(zip([part_of[e.path] for e in own], self._allowed_each(own, tf, predicate, where), strict=True))
+            found = [union.top(q, k, alone, nprobe=nprobe, rerank=rerank)] if alone else []
             if filtered and self.spread and len(each) > 1 and _allowed_rows(each, members) >= _SPLIT_ROWS:
-                found += [h for half in self.snap.map(own_pools, [each[0::2], each[1::2]]) for h in half]
-            else:
-                found += own_pools(each)
-            hits = [_Hits(members[p], r, d, ids[p][r]) for p, r, d in found]
-            return hits + run(one, [e for e in batch if e.path not in part_of])
+                found += self.snap.map(own_pools, [each[0::2], each[1::2]])
+            elif each:
+                found.append(own_pools(each))
+            hits: list[_Hits | _PartHits] = []
+            if found:
+                part, rows, dist = (_joined([f[i] for f in found]) for i in range(3))
+                hits.append(_PartHits(members, part, rows, dist, ids[starts[part] + rows]))
+            hits += run(one, [e for e in batch if e.path not in part_of])
+            return hits
 
         # Two waves: the nearest quarter, then what its k-th distance cannot rule out; one wave if no bound is
         # above 0 (q within every superfile's radius), when nothing can be ruled out. Each wave costs ~0.3 ms
@@ -1065,7 +1120,9 @@ class Searcher:
                 return None
             members = [e for e, _ in ivf]
             ids = [self.snap.files.open(e).ids() for e in members]
-            return VectorUnion([index for _, index in ivf]), members, {e.path: i for i, e in enumerate(members)}, ids
+            starts = np.fromiter(itertools.accumulate(map(len, ids[:-1]), initial=0), np.int64, len(ids))
+            union = VectorUnion([index for _, index in ivf])
+            return union, members, {e.path: i for i, e in enumerate(members)}, np.concatenate(ids), starts
 
         return _vector_unions.get_or_load(self._table_key(column), self.snap.key, build)
 
@@ -1187,7 +1244,7 @@ def _unit(q: np.ndarray, metric: str) -> np.ndarray:
     return np.ascontiguousarray(q / np.float32(np.sqrt(np.dot(q, q))))
 
 
-def _kth(hits: list[_Hits], k: int) -> float | None:
+def _kth(hits: Sequence[_Hits | _PartHits], k: int) -> float | None:
     scores = [h.scores for h in hits if h.scores is not None and len(h.scores)]
     if not scores:
         return None
@@ -1195,6 +1252,11 @@ def _kth(hits: list[_Hits], k: int) -> float | None:
     if len(allscores) < k:
         return None
     return float(np.partition(allscores, k - 1)[k - 1])
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """``arrays`` end to end; a lone one as it is."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def _bitmap(offsets: np.ndarray) -> pyroaring.BitMap:
