@@ -23,9 +23,10 @@ import superfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from superfile import pools
+from superfile.format.ranking import rrf_scores
 from superfile.search.request import HybridSearch
 from superfile.table import results
-from superfile.table.search import Searcher, _ranking
+from superfile.table.search import Searcher, _NewestSnapshots, _ranking
 
 CRANFIELD = Path(__file__).resolve().parents[3] / "examples" / "data" / "cranfield" / "docs.parquet"
 QUERIES = 12
@@ -141,6 +142,53 @@ def test_ranking_is_the_sort_by_score_then_id(
     by_score = np.lexsort((ids, -scores if descending else scores))
     expected = np.argsort(ids, kind="stable")[:k] if by_id else by_score[:k]
     assert ids[order].tolist() == ids[expected].tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 60), max_size=40, unique=True), max_size=3), st.integers(0, 100))
+def test_rrf_scores_are_the_running_sum_bit_for_bit(rankings: list[list[int]], rrf_k: int) -> None:
+    """Each id's fused score is what a running Python sum over the lists, in order, gives, to the last bit."""
+    want: dict[int, float] = {}
+    for ranked in rankings:
+        for rank, i in enumerate(ranked, start=1):
+            want[i] = want.get(i, 0.0) + 1.0 / (rrf_k + rank)
+    ids, fused = rrf_scores([np.asarray(r, np.uint64) for r in rankings], rrf_k)
+    assert ids.tolist() == sorted(want)
+    assert fused.tolist() == [want[i] for i in sorted(want)]
+
+
+def test_newest_snapshots_keep_each_tables_latest_and_drop_the_released() -> None:
+    """Per-snapshot search state: loaded once while among a table's ``keep`` latest, loaded again once passed by
+    newer ones or released, the most recent one included (it is answered from a dict of its own)."""
+    state = _NewestSnapshots(keep=2)
+    loads: list[str] = []
+
+    def get(table: str, snapshot: str) -> str:
+        return state.get_or_load(table, snapshot, lambda: loads.append(snapshot) or f"{table}@{snapshot}")
+
+    assert [get("file:///a#text", s) for s in ("1", "1", "2", "1", "2", "2")] == [
+        "file:///a#text@" + s for s in ("1", "1", "2", "1", "2", "2")
+    ]
+    assert loads == ["1", "2"]
+    get("file:///b#text", "1")  # another table's state is its own
+    assert loads == ["1", "2", "1"]
+    get("file:///a#text", "3")  # passes 1: two kept
+    get("file:///a#text", "1")
+    assert loads == ["1", "2", "1", "3", "1"]
+    state.release("file:///a", keep=lambda snapshot: snapshot != "1")  # the most recent released
+    get("file:///a#text", "1")
+    get("file:///b#text", "1")  # released by the other table's name only
+    assert loads == ["1", "2", "1", "3", "1", "1"]
+    state.clear()
+    get("file:///b#text", "1")
+    assert loads[-1] == "1" and len(loads) == 7
+
+    def cleared_meanwhile() -> str:  # a segment merged while this load ran: its union is stale
+        state.clear()
+        return "stale"
+
+    assert state.get_or_load("file:///c#text", "1", cleared_meanwhile) == "stale"
+    assert state.get_or_load("file:///c#text", "1", lambda: "merged") == "merged"
 
 
 def test_hybrid_halves_in_sequence_answer_as_halves_at_once(table: superfile.Supertable, cranfield: pa.Table) -> None:
