@@ -71,6 +71,7 @@ Hits = tuple[_Ints, _Ints, _Floats]  # each hit's part, row offset and distance,
 _BRUTE_FACTOR: Final = 1.0  # scan a part's allowed rows directly when fewer than this x its default probe scans
 _FILTER_EXPONENT: Final = 0.75  # a filter keeping a fraction s of a part's rows: scan s**0.75 of what probing scans
 _SEEN_ROWS: Final = 1 << 20  # allowed-row positions a union keeps for its filters' bitmaps (8 MB)
+_SEEN_BITMAPS: Final = 1024  # and bitmaps (one allowing all or none of a part's rows has no positions)
 
 
 class IndexPart(Protocol):
@@ -207,8 +208,9 @@ class VectorUnion:
         return parts, allowed, rows
 
     def _keep(self, part: int, bitmap: FrozenBitMap, count: int, positions: _Ints) -> None:
-        """Remember ``bitmap``'s positions in ``part``; past :data:`_SEEN_ROWS` positions in all, start over."""
-        if self._seen_rows + len(positions) > _SEEN_ROWS:
+        """Remember ``bitmap``'s positions in ``part``; past :data:`_SEEN_ROWS` positions or :data:`_SEEN_BITMAPS`
+        bitmaps in all, start over."""
+        if self._seen_rows + len(positions) > _SEEN_ROWS or len(self._seen) >= _SEEN_BITMAPS:
             self._seen, self._seen_rows = {}, 0
         self._seen[(part, id(bitmap))] = (bitmap, count, positions.copy())
         self._seen_rows += len(positions)
