@@ -164,7 +164,8 @@ _PAD_SEGMENTS = 10  # padding segments a padded union may add (fulltext_pads: up
 # it the hand-off costs more than the second core saves (250K rows in 16 superfiles, p50 ms split / not:
 # 0.1% allowed 1.46-1.61 / 1.18-1.21, 1% 1.95 / 1.82-1.93, 10% 3.56-3.85 / 4.63-4.66, 50% 4.82-4.97 / 6.72-7.42)
 _SPLIT_ROWS = 8_192
-_vector_unions = _NewestSnapshots()  # -> (union, its superfiles in part order, part by path, ids by part) or None
+# -> (union, its superfiles in part order, part by path, their _ids end to end, where each part's begin) or None
+_vector_unions = _NewestSnapshots()
 _vector_summaries = _NewestSnapshots()  # -> _Summaries
 
 
@@ -268,8 +269,9 @@ class _Hits:
 
 @dataclass
 class _PartHits:
-    """Hits of a union's superfiles, as it gives them: hit i is row ``offsets[i]`` of ``members[part[i]]``
-    (one set of arrays where a :class:`_Hits` a superfile cost ~1 us of Python per superfile, twice)."""
+    """Hits of a union's superfiles, as it gives them: hit i is row ``offsets[i]`` of ``members[part[i]]``. One
+    set of arrays for them all: a :class:`_Hits` per superfile, made here and concatenated again at the merge,
+    cost ~1 us of Python a superfile each way."""
 
     members: list[SuperfileEntry]
     part: np.ndarray
@@ -999,7 +1001,7 @@ class Searcher:
     ) -> list[pyroaring.AbstractBitMap | None]:
         """:meth:`_allowed` of each of ``entries``, from the snapshot's memo where every one is there (a repeated
         filter's steady state; :meth:`Snapshot.each` weighs each superfile's budget, ~2 us apiece), else
-        through it (cold ones are opened in parallel)."""
+        through it: on this thread, since a cold filter's Arrow kernels use Arrow's own threads."""
         memo = self._allowed_memo(text_filter, where_text)
         known = [memo.get(e.path, memo) for e in entries]  # the memo itself: not there
         if all(a is not memo for a in known):
