@@ -14,12 +14,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import superfile
-from superfile.format import scratch
+from superfile.format import archive, scratch
 
 HOLD = """
 import sys, time
 from superfile.format.scratch import scratch_dir
-with scratch_dir("sf-test-", sys.argv[1]) as path:
+with scratch_dir(sys.argv[2], sys.argv[1]) as path:
     print(path, flush=True)
     time.sleep(120)
 """
@@ -32,8 +32,8 @@ t.append(pa.table({"text": [f"word{i % 977} other{i % 31}" for i in range(2_000_
 """
 
 
-def _holder(parent: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(parent)], stdout=subprocess.PIPE, text=True)
+def _holder(parent: Path, prefix: str = "sf-test-") -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(parent), prefix], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()
 
@@ -100,3 +100,49 @@ def test_an_append_killed_mid_build_leaves_nothing_after_the_next_build(
     )
     t.append(pa.table({"text": ["one row"]}))
     assert not [p.name for p in work.iterdir() if p.name.startswith("sf-fts-")]
+
+
+def test_an_extraction_sweeps_what_killed_extractions_and_removals_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An index extraction and its removal write through scratch directories (``.tmp-``, ``.stale-``) beside the
+    extraction: what a SIGKILLed process left there (or one of a version without locks, once old) is removed by
+    the next extraction's (or removal's) first sweep of that directory; one a live process holds is kept."""
+    parent = tmp_path / "dir_shared.parquet-1"
+    parent.mkdir()
+    killed, dead = _holder(parent, ".tmp-")
+    live, alive = _holder(parent, ".stale-")
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+        unlocked = parent / ".stale-unlocked"
+        unlocked.mkdir()
+        (unlocked / "index").mkdir()
+        past = time.time() - 2 * scratch.ORPHAN_AGE_S
+        for left in (dead, unlocked):
+            os.utime(left, (past, past))
+        monkeypatch.setattr(scratch, "_swept", set())
+        blob = archive.pack([("meta.json", b"{}"), ("seg.idx", b"postings")])
+        archive.extract(memoryview(blob), str(parent / "text"), "shared.parquet")
+        held = [os.path.basename(alive), os.path.basename(alive) + ".lock"]
+        assert sorted(os.listdir(parent)) == sorted(["text", unlocked.name, *held])  # each prefix swept by its use
+        assert sorted(os.listdir(parent / "text")) == ["meta.json", "seg.idx"]
+        archive._remove(str(parent / "text"))
+        assert sorted(os.listdir(parent)) == sorted(held)
+    finally:
+        live.kill()
+        live.wait(10)
+
+
+def test_the_swept_directories_are_forgotten_past_a_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Extractions sweep a directory per superfile: a process that serves a streaming table for months must not
+    remember every one it swept."""
+    monkeypatch.setattr(scratch, "_swept", set())
+    monkeypatch.setattr(scratch, "_SWEPT_MAX", 8)
+    for i in range(30):
+        parent = tmp_path / f"entry-{i}"
+        parent.mkdir()
+        with scratch.scratch_dir(".tmp-", str(parent)):
+            pass
+        assert len(scratch._swept) <= 8
+    assert all(os.listdir(tmp_path / f"entry-{i}") == [] for i in range(30))

@@ -19,14 +19,13 @@ from __future__ import annotations
 import contextlib
 import heapq
 import os
-import shutil
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Collection, Iterable
 
 from superfile.errors import CorruptSuperfileError
+from superfile.format.scratch import scratch_dir
 
 __all__ = ["extract", "pack", "read_directory", "remove_later"]
 
@@ -100,8 +99,7 @@ def extract(blob: memoryview, path: str, source: str, *, skip: Collection[str] =
         return everything
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
-    try:
+    with scratch_dir(".tmp-", parent) as tmp:  # a killed extraction's is removed by a later one (its lock is free)
         for name, start, size in files:
             with open(os.path.join(tmp, name), "wb") as fh:
                 fh.write(blob[start : start + size])
@@ -112,8 +110,6 @@ def extract(blob: memoryview, path: str, source: str, *, skip: Collection[str] =
         except OSError:
             if not _complete(path, files):  # losing the race to a complete extraction is fine
                 raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return everything
 
 
@@ -175,10 +171,6 @@ def remove_later(paths: Iterable[str], delay: float | None = None) -> None:
 def _remove(path: str) -> None:
     """Move the extraction aside, then delete it: :func:`extract` sees it whole or not at all."""
     parent = os.path.dirname(path)
-    try:
-        stale = tempfile.mkdtemp(prefix=".stale-", dir=parent)
-    except OSError:  # the cache directory itself is gone
-        return
-    with contextlib.suppress(OSError):  # already moved (another process's release or extraction)
+    # OSError: the cache directory is gone, or the extraction already moved (another process's release or extraction)
+    with contextlib.suppress(OSError), scratch_dir(".stale-", parent) as stale:
         os.rename(path, os.path.join(stale, "index"))
-    shutil.rmtree(stale, ignore_errors=True)

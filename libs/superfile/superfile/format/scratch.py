@@ -28,6 +28,7 @@ __all__ = ["LOCK", "ORPHAN_AGE_S", "held", "hold", "remove", "scratch_dir"]
 ORPHAN_AGE_S = 60.0
 LOCK = ".lock"  # the suffix of a directory's lock file, beside it
 _swept: set[tuple[str, str]] = set()  # (parent, prefix) this process has swept
+_SWEPT_MAX = 4096  # then forgotten: extractions sweep a directory per superfile, and sweeping again is harmless
 _swept_lock = threading.Lock()
 
 
@@ -38,6 +39,8 @@ def scratch_dir(prefix: str, parent: str | None = None) -> Iterator[str]:
     parent = parent or tempfile.gettempdir()
     with _swept_lock:
         first = (parent, prefix) not in _swept
+        if first and len(_swept) >= _SWEPT_MAX:
+            _swept.clear()
         _swept.add((parent, prefix))
     if first:
         remove_orphans(parent, prefix)
