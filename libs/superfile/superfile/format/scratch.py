@@ -1,4 +1,5 @@
-"""Scratch directories for building an index: removed after the build, and after a process killed in one.
+"""Scratch directories for building or extracting an index: removed after the work, and after a process killed
+in it.
 Also the lock that tells any per-process directory of a live process from a dead one's (:func:`hold`, :func:`held`,
 :func:`remove`).
 

@@ -34,8 +34,7 @@ class _Arena:
         self.schema = schema
         self.ids = np.empty(rows, schema.field(0).type.to_pandas_dtype())
         self.scores = np.empty(rows, schema.field(1).type.to_pandas_dtype())
-        arrays = [result_column(values, schema.field(i).type) for i, values in enumerate((self.ids, self.scores))]
-        self.table = pa.Table.from_arrays(arrays, schema=schema)  # over the arrays' memory: writes show through
+        self.table = _table(schema, self.ids, self.scores)  # over the arrays' memory: writes show through
         self.used = 0
 
 
@@ -57,8 +56,7 @@ def ranked_table(schema: pa.Schema, ids: np.ndarray, scores: np.ndarray) -> pa.T
     """``ids`` and ``scores`` as a table of ``schema``: two fixed-width fields, the values not null."""
     n = len(ids)
     if n > _MOST_ROWS:
-        arrays = [result_column(values, schema.field(i).type) for i, values in enumerate((ids, scores))]
-        return pa.Table.from_arrays(arrays, schema=schema)
+        return _table(schema, ids, scores)
     arenas = _arenas.by_schema
     arena = arenas.get(id(schema))
     if arena is None or arena.schema is not schema or arena.used + n > len(arena.ids):
@@ -70,6 +68,12 @@ def ranked_table(schema: pa.Schema, ids: np.ndarray, scores: np.ndarray) -> pa.T
     arena.scores[start : start + n] = scores
     arena.used = start + n
     return arena.table.slice(start, n)
+
+
+def _table(schema: pa.Schema, ids: np.ndarray, scores: np.ndarray) -> pa.Table:
+    """``ids`` and ``scores`` as a table of ``schema``, over their memory (copied only to the field's type)."""
+    arrays = [result_column(values, schema.field(i).type) for i, values in enumerate((ids, scores))]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def ranked_ids(table: pa.Table) -> np.ndarray:

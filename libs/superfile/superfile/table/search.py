@@ -673,8 +673,7 @@ class Searcher:
         entries, parts = self._sorted_parts(entries, column)
         union = union_of(parts, self.snap.files.cache_dir, ordered=self._ordered(entries), merge=True)
         ids = [self.snap.files.open(e).ids() for e in entries]
-        starts = np.fromiter(itertools.accumulate(map(len, ids[:-1]), initial=0), np.int64, len(ids))
-        return union, entries, np.concatenate(ids), starts
+        return union, entries, *_end_to_end(ids)
 
     def _sorted_parts(
         self, entries: Sequence[SuperfileEntry], column: str
@@ -1144,9 +1143,8 @@ class Searcher:
                 return None
             members = [e for e, _ in ivf]
             ids = [self.snap.files.open(e).ids() for e in members]
-            starts = np.fromiter(itertools.accumulate(map(len, ids[:-1]), initial=0), np.int64, len(ids))
             union = VectorUnion([index for _, index in ivf])
-            return union, members, {e.path: i for i, e in enumerate(members)}, np.concatenate(ids), starts
+            return union, members, {e.path: i for i, e in enumerate(members)}, *_end_to_end(ids)
 
         return _vector_unions.get_or_load(self._table_key(column), self.snap.key, build)
 
@@ -1271,6 +1269,13 @@ def _kth(hits: Sequence[_Hits | _PartHits], k: int) -> float | None:
     if len(allscores) < k:
         return None
     return float(np.partition(allscores, k - 1)[k - 1])
+
+
+def _end_to_end(ids: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A union's parts' ``_id`` sections end to end, and where each part's begins (part ``p``'s row ``r`` is at
+    ``starts[p] + r``)."""
+    starts = np.fromiter(itertools.accumulate(map(len, ids[:-1]), initial=0), np.int64, len(ids))
+    return np.concatenate(ids), starts
 
 
 def _joined(arrays: list[np.ndarray]) -> np.ndarray:
