@@ -127,8 +127,36 @@ def test_each_part_ranks_its_allowed_rows_as_its_own_search_does(metric) -> None
                     assert set(rows.tolist()) <= set(rows_allowed)
             ((p, rows, dist),) = grouped(union.top_each(q, 10, allow[2:], **knobs))
             assert p == 2 and np.array_equal(rows, together[2][0]) and np.array_equal(dist, together[2][1])
+            ((p, rows, dist),) = grouped(union.top_each(q, 10, allow[:1], **knobs))  # 30 rows: the lock kept
+            assert p == 0 and np.array_equal(rows, together[0][0]) and np.array_equal(dist, together[0][1])
     with pytest.raises(ValueError, match="named twice"):
         union.top_each(data[0], 10, [(1, None), (1, None)])
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_a_few_allowed_rows_are_each_scored(metric) -> None:
+    """A part allowing fewer rows than its probing would scan has every allowed row scored, wherever its lists
+    lie (none are routed), so with a rerank pool that holds them all its answer is the exact nearest: a few rows
+    of a large part, or every row of a small one."""
+    data = clustered(12_060, 32, seed=23)
+    bounds = [0, 5_000, 9_000, 12_000, 12_060]
+    parts = [index(data[a:b], metric) for a, b in itertools.pairwise(bounds)]
+    union = VectorUnion(parts)
+    rng = np.random.default_rng(5)
+    for q in clustered(4, 32, seed=24):
+        allow: list[tuple[int, BitMap | None]] = [
+            (p, BitMap(rng.choice(bounds[p + 1] - bounds[p], 40, replace=False).tolist())) for p in range(3)
+        ]
+        allow.append((3, None))
+        for knobs in ({"rerank": 64}, {"nprobe": 1, "rerank": 64}):
+            found = grouped(union.top_each(q, 10, allow, **knobs))
+            assert [p for p, _, _ in found] == [0, 1, 2, 3]
+            for p, rows, dist in found:
+                bitmap = allow[p][1]
+                allowed = np.arange(60) if bitmap is None else np.array(list(bitmap))
+                want_rows, want_dist = exact(data[bounds[p] : bounds[p + 1]], q, metric, 10, allowed)
+                assert np.array_equal(rows, want_rows)
+                np.testing.assert_allclose(dist, want_dist, rtol=1e-5, atol=1e-5)
 
 
 def test_a_frozen_bitmaps_positions_are_kept_for_that_bitmap_only() -> None:

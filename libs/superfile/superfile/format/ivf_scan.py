@@ -13,7 +13,9 @@ in a heap as it scores them (``_nearest_runs``), or picks each part's best from 
 A search runs from routing to its gathered rerank pool in one call (:meth:`IvfParts.first_pass`, and
 :meth:`IvfParts.first_pass_each` for allowed rows per part): as separate steps, ~40 numpy calls around
 the kernels each let the lock go for a few microseconds, and with a second thread searching each was a
-hand-off; two threads answered 1.10-1.29x one at 250K rows, and 1.61-1.74x since.
+hand-off; two threads answered 1.10-1.29x one at 250K rows, and 1.61-1.74x since. A filtered search allowing a
+few hundred rows keeps the lock instead (:func:`_first_pass_each_held`): its parts are scanned row by row,
+unrouted, in tens of microseconds, less than the two context switches of a release.
 
 A row's key is ``-(step * (q8 . code) + offset)``, or ``|x|^2 - 2 (step * (q8 . code) + offset)`` under l2:
 an estimate of its distance to the query, up to a term the same for every row, that compares across parts
@@ -47,6 +49,7 @@ _Keys = npt.NDArray[np.float64]
 _Ints = npt.NDArray[np.int64]
 _Floats = npt.NDArray[np.float32]
 _HELD_ROWS = 4096  # allowed rows whose positions are found keeping the interpreter lock (a few microseconds)
+_HELD_SCAN = 512  # allowed rows whose first pass keeps the interpreter lock (tens of microseconds)
 
 
 class IvfSections(Protocol):
@@ -596,8 +599,14 @@ def _first_pass_each(
     """:meth:`IvfParts.first_pass_each`, in one call."""
     cent_at, bias_at, nlist, first, dim, proj_at, mean_at, scale_at, part, width, l2, list_part = plan[:12]
     size, vectors_at, row_ids_at = plan[12:]
+    counts = np.empty(len(parts), np.int64)
+    brute = np.zeros(len(parts), np.bool_)
+    for i in range(len(parts)):
+        p, m = parts[i], nlist[parts[i]]
+        counts[i] = min(nprobe, m) if nprobe else default_nprobe[p]
+        brute[i] = allowed[i] <= np.floor(brute_factor * counts[i] * part[p, 2] / max(m, 1))
     scores = np.zeros(first[-1], np.float32)
-    _route(cent_at, bias_at, nlist, dim, parts, first, q, scores)
+    _route(cent_at, bias_at, nlist, dim, parts[~brute], first, q, scores)  # a part scanned row by row needs none
     lists = np.empty(first[-1], np.int64)
     whole = np.zeros(len(nlist), np.bool_)
     pool = np.zeros(len(nlist), np.int64)
@@ -605,14 +614,12 @@ def _first_pass_each(
     for i in range(len(parts)):
         p, m = parts[i], nlist[parts[i]]
         n, f = part[p, 2], first[p]
-        count = min(nprobe, m) if nprobe else default_nprobe[p]
+        count = counts[i]
         pool[p] = max(rerank if rerank else default_rerank[p], k)
         whole[p] = allowed[i] == n  # unfiltered: every row of its probed lists
-        if allowed[i] <= np.floor(brute_factor * count * n / max(m, 1)):  # few rows: each scored
-            for lst in range(f, f + m):
-                lists[at] = lst
-                at += 1
-        elif whole[p]:
+        if brute[i]:  # few rows: each scored (below)
+            continue
+        if whole[p]:
             at += _choose(
                 scores, parts[i : i + 1], np.full(1, count, np.int64), k, nlist, first, size, part[:, 2], lists[at:]
             )
@@ -629,8 +636,28 @@ def _first_pass_each(
     for lst in chosen:
         if whole[list_part[lst]]:
             total += size[lst]
+    for i in range(len(parts)):
+        if brute[i] and whole[parts[i]]:
+            total += allowed[i]
     scored = np.empty(total, np.int64)
-    scored = scored[: _list_rows(rows, first_row, end_row, chosen, whole[list_part], scored)]
+    done, c, list_whole = 0, 0, whole[list_part]
+    for i in range(len(parts)):  # each part's rows to score, ascending: a scanned part's allowed rows, else its lists'
+        p = parts[i]
+        if brute[i] and whole[p]:
+            scored[done : done + allowed[i]] = np.arange(base[p], base[p + 1])
+            done += allowed[i]
+            continue
+        a, b = np.searchsorted(rows, base[p]), np.searchsorted(rows, base[p + 1])
+        if brute[i]:
+            scored[done : done + b - a] = rows[a:b]
+            done += b - a
+            continue
+        e = c
+        while e < len(chosen) and list_part[chosen[e]] == p:
+            e += 1
+        done += _list_rows(rows[a:b], first_row, end_row, chosen[c:e], list_whole, scored[done:])
+        c = e
+    scored = scored[:done]
     q8 = np.zeros((len(nlist), width), np.int8)
     step, offset = np.zeros(len(nlist), np.float64), np.zeros(len(nlist), np.float64)
     held = np.diff(np.searchsorted(scored, base))
@@ -642,6 +669,45 @@ def _first_pass_each(
     owner = np.searchsorted(base, best, side="right") - 1
     pos = best - base[owner]
     return _pool(vectors_at, part, row_ids_at, dim, owner, pos)
+
+
+@_compiled_held
+def _first_pass_each_held(
+    plan: tuple[Any, ...],
+    first_row: _Ints,
+    end_row: _Ints,
+    base: _Ints,
+    default_nprobe: _Ints,
+    default_rerank: _Ints,
+    parts: _Ints,
+    allowed: _Ints,
+    rows: _Ints,
+    nprobe: int,
+    rerank: int,
+    k: int,
+    brute_factor: float,
+    exponent: float,
+    q: _Floats,
+) -> tuple[_Ints, _Floats, _Floats, _Ints]:
+    """:func:`_first_pass_each` keeping the interpreter lock, for a few hundred allowed rows (tens of
+    microseconds: less than the two context switches a release costs with another thread waiting)."""
+    return _first_pass_each(
+        plan,
+        first_row,
+        end_row,
+        base,
+        default_nprobe,
+        default_rerank,
+        parts,
+        allowed,
+        rows,
+        nprobe,
+        rerank,
+        k,
+        brute_factor,
+        exponent,
+        q,
+    )
 
 
 @_compiled
@@ -879,7 +945,8 @@ class IvfParts:
             raise ValueError("an allowed count for each part was expected")
         if len(parts) and (parts[0] < 0 or parts[-1] >= len(self._parts) or np.any(parts[1:] <= parts[:-1])):
             raise IndexError(f"parts must ascend, each in [0, {len(self._parts)})")
-        return _first_pass_each(
+        few = int(allowed.sum()) <= _HELD_SCAN  # a few hundred rows: routing, if any, and scans are short
+        return (_first_pass_each_held if few else _first_pass_each)(
             self._plan,
             self.first_row,
             self.end_row,

@@ -40,7 +40,7 @@ from superfile.errors import (
     InvalidVectorError,
     VectorDimensionError,
 )
-from superfile.format.vector_sections import IvfLists, exact_distances
+from superfile.format.vector_sections import IvfLists, exact_distances, query_length
 from superfile.format.vector_union import VectorUnion
 
 __all__ = [
@@ -272,7 +272,7 @@ class VectorIndex:
         if not np.isfinite(q).all():
             raise InvalidVectorError("query holds NaN or infinite values")
         if self.metric == "cosine":
-            norm = float(np.sqrt(np.dot(q, q)))
+            norm = query_length(q)
             if norm == 0.0 or not math.isfinite(norm):
                 raise InvalidVectorError("a zero query vector has no direction under the cosine metric")
             q = q / np.float32(norm)

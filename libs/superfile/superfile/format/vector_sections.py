@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["IvfLists", "exact_distances"]
+__all__ = ["IvfLists", "exact_distances", "query_length"]
 
 _Floats = npt.NDArray[np.float32]
 _Ints = npt.NDArray[np.int64]
@@ -39,13 +39,19 @@ class IvfLists:
 
 
 def exact_distances(v: _Floats, q: _Floats, norms: _Floats, metric: str) -> _Floats:
-    """Distances under ``metric`` from q to the rows ``v`` (a gathered copy: l2 overwrites it) of norms ``norms``.
+    """Distances under ``metric`` from q to the rows ``v`` of norms ``norms``.
 
-    Each row's distance is computed the same way wherever the row sits in ``v`` (einsum, not a BLAS
-    matrix-vector product, whose rounding depends on the row's position in its block), so the index's rerank,
-    the union's and the exact kernel's (``table/exact.py``) agree bit for bit."""
-    if metric == "l2":
-        v -= q
-        return np.einsum("ij,ij->i", v, v)
-    dots = np.einsum("ij,j->i", v, q)
-    return 1.0 - (dots / norms if metric == "cosine" else dots)
+    Each row's distance is computed the same way wherever the row sits in ``v`` and however many rows there
+    are (one compiled loop, not a BLAS matrix-vector product, whose rounding depends on the row's position in
+    its block), so the index's rerank, the union's and the exact kernel's (``table/exact.py``) agree bit for
+    bit."""
+    from superfile.format.distances import distances  # numba: ~0.2 s to import, paid by a first vector search
+
+    return distances(v, q, norms, metric)
+
+
+def query_length(q: _Floats) -> float:
+    """``q``'s length, as every search takes it to make a cosine query of unit length."""
+    from superfile.format.distances import length  # numba: ~0.2 s to import, paid by a first vector search
+
+    return length(q)

@@ -196,7 +196,7 @@ def nearest(
     (unit length under cosine). Zero vectors have no direction under cosine: they are never returned."""
     if not len(rows) or k <= 0:
         return np.zeros(0, np.int64), np.zeros(0, np.float32)
-    v = np.array(vectors, np.float32)  # a copy: exact_distances overwrites it under l2
+    v = np.asarray(vectors, np.float32)
     norms = np.sqrt(np.einsum("ij,ij->i", v, v))
     if metric == "cosine" and not norms.all():
         keep = norms > 0

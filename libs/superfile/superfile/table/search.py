@@ -46,6 +46,7 @@ from superfile.format.fulltext import (
 )
 from superfile.format.fulltext_merge import on_merged
 from superfile.format.fulltext_union import PaddedUnion, UnionIndex, UnionText, union_of, union_text
+from superfile.format.vector_sections import query_length
 from superfile.format.vector_union import Hits as VectorHits
 from superfile.format.vector_union import VectorUnion
 from superfile.manifest.model import SuperfileEntry
@@ -1258,7 +1259,7 @@ def _unit(q: np.ndarray, metric: str) -> np.ndarray:
     """The query as a vector index takes it: unit length under cosine (``VectorIndex.prepare_query``)."""
     if metric != "cosine":
         return q
-    return np.ascontiguousarray(q / np.float32(np.sqrt(np.dot(q, q))))
+    return np.ascontiguousarray(q / np.float32(query_length(q)))
 
 
 def _kth(hits: Sequence[_Hits | _PartHits], k: int) -> float | None:
