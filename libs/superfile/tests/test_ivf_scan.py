@@ -20,7 +20,7 @@ from superfile.format.vector_index import (
     VectorIndexParams,
     build_vector_index,
 )
-from superfile.format.vector_sections import IvfLists
+from superfile.format.vector_sections import IvfLists, exact_distances, query_length
 from test_vector_index import clustered, low_rank
 
 
@@ -28,17 +28,21 @@ class Steps(IvfParts):
     """The kernels' steps one by one, as the fused calls (``first_pass``, ``first_pass_each``) run them inside:
     each checked here against numpy, and the fused calls against them."""
 
-    def gather(self, part: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The vectors, norms and row offsets at positions ``pos`` of parts ``part``, copied out in one call: a
-        rerank pool over 16 parts gathered part by part made ~100 numpy calls, each releasing the interpreter
-        lock (a hand-off to another searching thread)."""
-        v = np.empty((len(pos), self._dim), np.float32)
-        norms = np.empty(len(pos), np.float32)
-        rows = np.empty(len(pos), np.int64)
+    def __init__(self, parts: list[IvfLists], metric: str) -> None:
+        super().__init__(parts, metric)
+        self.metric = metric
+
+    def reranked(self, part: np.ndarray, pos: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The exact distances to ``q`` and the row offsets of positions ``pos`` of parts ``part``, each vector
+        read where it lies (a copy of the pool, then its distances, read and wrote the vectors twice more)."""
+        dist, rows = np.empty(len(pos), np.float32), np.empty(len(pos), np.int64)
         part, pos = np.ascontiguousarray(part, np.int64), np.ascontiguousarray(pos, np.int64)
-        if not ivf_scan._gather(self._vectors_at, self._part, self._row_ids_at, self._dim, part, pos, v, norms, rows):
+        q, metric = ivf_scan._query(q, self._dim), ivf_scan._METRICS[self.metric]
+        if not ivf_scan._rerank(
+            self._vectors_at, self._part, self._row_ids_at, self._dim, part, pos, q, metric, dist, rows
+        ):
             raise IndexError("a position out of its part's rows")
-        return v, norms, rows
+        return dist, rows
 
     def route(self, q: np.ndarray, parts: np.ndarray) -> np.ndarray:
         """``bias - 2 c.q`` of every list of ``parts`` (smaller is nearer), in one array numbering the lists of
@@ -342,7 +346,7 @@ from superfile.format import ivf_scan
 from superfile.format.vector_index import VectorIndex, build_vector_index
 x = np.random.default_rng(0).standard_normal((500, 8)).astype(np.float32)
 lists = VectorIndex.from_buffer(build_vector_index(x, "l2")).ivf_lists
-part, v, norms, rows = ivf_scan.IvfParts([lists], "l2").first_pass(x[3], np.zeros(1, np.int64), 0, 10, 500)
+part, dist, rows = ivf_scan.IvfParts([lists], "l2").first_pass(x[3], np.zeros(1, np.int64), 0, 10, 500)
 print(type(ivf_scan._first_pass._cache).__name__, rows.tobytes().hex())
 """
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True)
@@ -350,24 +354,30 @@ print(type(ivf_scan._first_pass._cache).__name__, rows.tobytes().hex())
     x = np.random.default_rng(0).standard_normal((500, 8)).astype(np.float32)
     lists = lists_of(x, "l2", reduce=False)
     assert cache == "NullCache"
-    assert rows == IvfParts([lists], "l2").first_pass(x[3], np.zeros(1, np.int64), 0, 10, 500)[3].tobytes().hex()
+    assert rows == IvfParts([lists], "l2").first_pass(x[3], np.zeros(1, np.int64), 0, 10, 500)[2].tobytes().hex()
     assert len(rows) == 500 * 16  # every row (500 fit the pool), as int64
 
 
-def test_a_gather_copies_each_parts_rows_as_numpy_indexing_does(mixed: tuple[str, list[IvfLists]]) -> None:
+def test_a_rerank_gives_each_rows_exact_distance_as_every_rerank_does(mixed: tuple[str, list[IvfLists]]) -> None:
+    """Each row's distance read where it lies is, bit for bit, what ``exact_distances`` gives for a copy of it
+    (the index's, the union's and the exact kernel's reranks agree), and its row offset is the part's."""
     metric, parts = mixed
     scan = Steps(parts, metric)
     rng = np.random.default_rng(4)
     part = np.sort(rng.integers(0, len(parts), 500))
     pos = np.array([rng.integers(0, len(parts[p].row_ids)) for p in part.tolist()], np.int64)
-    v, norms, rows = scan.gather(part, pos)
-    assert np.array_equal(v, np.stack([parts[p].vectors[i] for p, i in zip(part, pos, strict=True)]))
-    assert np.array_equal(norms, np.array([parts[p].norms[i] for p, i in zip(part, pos, strict=True)]))
+    q = scan._parts[0].vectors[7] + np.float32(0.5)
+    if metric == "cosine":
+        q = q / np.float32(query_length(q))
+    dist, rows = scan.reranked(part, pos, q)
+    v = np.stack([parts[p].vectors[i] for p, i in zip(part, pos, strict=True)])
+    norms = np.array([parts[p].norms[i] for p, i in zip(part, pos, strict=True)])
+    assert np.array_equal(dist, exact_distances(v, q, norms, metric))
     assert np.array_equal(rows, np.array([parts[p].row_ids[i] for p, i in zip(part, pos, strict=True)]))
-    assert scan.gather(part[:0], pos[:0])[0].shape == (0, parts[0].vectors.shape[1])
+    assert scan.reranked(part[:0], pos[:0], q)[0].shape == (0,)
     for bad_part, bad_pos in ((0, len(parts[0].row_ids)), (0, -1), (len(parts), 0)):
         with pytest.raises(IndexError):
-            scan.gather(np.array([bad_part]), np.array([bad_pos]))
+            scan.reranked(np.array([bad_part]), np.array([bad_pos]), q)
 
 
 def test_allowed_positions_are_each_parts_row_positions_ascending(mixed: tuple[str, list[IvfLists]]) -> None:
@@ -430,9 +440,9 @@ def test_probes_are_each_parts_nearest_lists_widened_to_hold_k_rows(mixed: tuple
                 assert scan.size[got[got < first[1]]].sum() >= 2_000
 
 
-def test_a_first_pass_is_the_probed_rows_best_keys_gathered(mixed: tuple[str, list[IvfLists]]) -> None:
+def test_a_first_pass_is_the_probed_rows_best_keys_reranked(mixed: tuple[str, list[IvfLists]]) -> None:
     """One call gives what the steps give one by one: the probed lists' runs, the query coded, the heap's best
-    rows (ties to the lower index) located in their parts and gathered."""
+    rows (ties to the lower index) located in their parts and reranked."""
     metric, parts = mixed
     scan = Steps(parts, metric)
     for q in low_rank(3, 128, 16, seed=13):
@@ -444,9 +454,9 @@ def test_a_first_pass_is_the_probed_rows_best_keys_gathered(mixed: tuple[str, li
             at = np.cumsum(runs[:, 2]) - runs[:, 2]
             r = np.searchsorted(at, index, side="right") - 1
             part, pos = runs[r, 0], runs[r, 1] + index - at[r]
-            v, norms, rows = scan.gather(part, pos)
+            dist, rows = scan.reranked(part, pos, q)
             got = scan.first_pass(q, np.array(chosen), nprobe, 10, want)
-            for a, b in zip(got, (part, v, norms, rows), strict=True):
+            for a, b in zip(got, (part, dist, rows), strict=True):
                 assert np.array_equal(a, b)
     with pytest.raises(IndexError):
         scan.first_pass(q, np.array([2, 0]), 1, 10, 10)  # not ascending

@@ -4,8 +4,9 @@ interpreter lock.
 numpy's ``einsum`` and ``dot`` let the lock go at any size. With a second query thread waiting for it, each
 release is a context switch each way, tens of microseconds of CPU on these VMs: more than a rerank pool of a
 few hundred rows or a query's length costs to compute. So a small batch runs keeping the lock and a large one
-without it. Both are the same compiled loop (:func:`_fill`), so a row's distance is the same float wherever it is
-computed: the index's rerank, the union's and the exact kernel's (``table/exact.py``) agree bit for bit.
+without it. Both are the same compiled loop (:func:`distance`, which the IVF rerank runs on the rows where they
+lie), so a row's distance is the same float wherever it is computed: the index's rerank, the union's and the
+exact kernel's (``table/exact.py``) agree bit for bit.
 """
 
 from __future__ import annotations
@@ -17,29 +18,32 @@ import numpy.typing as npt
 
 from superfile.format.compiled import compiled, compiled_fast, compiled_held
 
-__all__ = ["distances", "length"]
+__all__ = ["METRICS", "distance", "distances", "length"]
 
 _Floats = npt.NDArray[np.float32]
-_METRICS: Final = {"l2": 0, "cosine": 1, "dot": 2}
+METRICS: Final = {"l2": 0, "cosine": 1, "dot": 2}  # as the compiled kernels take a metric
 _HELD_MAX: Final = 1 << 17  # components read (a 512 KiB batch, ~30 us) that are computed keeping the lock
 
 
 @compiled_fast
-def _fill(v: Any, q: Any, norms: Any, metric: int, out: Any) -> None:
-    """Each row's distance: its float32 sum over the components, vectorised in one order fixed by the length
-    (reassociation is allowed, but the loop is the same for every row)."""
-    for i in range(v.shape[0]):
-        row = v[i]
-        total = np.float32(0.0)
-        if metric == 0:
-            for j in range(len(q)):
-                d = row[j] - q[j]
-                total += d * d
-            out[i] = total
-            continue
+def distance(row: Any, q: Any, norm: Any, metric: int) -> Any:
+    """One row's distance (``metric``: 0 l2, 1 cosine, 2 dot), its float32 sum over the components vectorised in
+    one order fixed by the length (reassociation is allowed, but the loop is the same for every row)."""
+    total = np.float32(0.0)
+    if metric == 0:
         for j in range(len(q)):
-            total += row[j] * q[j]
-        out[i] = np.float32(1.0) - (total / norms[i] if metric == 1 else total)
+            d = row[j] - q[j]
+            total += d * d
+        return total
+    for j in range(len(q)):
+        total += row[j] * q[j]
+    return np.float32(1.0) - (total / norm if metric == 1 else total)
+
+
+@compiled_fast
+def _fill(v: Any, q: Any, norms: Any, metric: int, out: Any) -> None:
+    for i in range(v.shape[0]):
+        out[i] = distance(v[i], q, norms[i], metric)
 
 
 @compiled_held
@@ -68,7 +72,7 @@ def distances(v: _Floats, q: _Floats, norms: _Floats, metric: str) -> _Floats:
     if v.ndim != 2 or v.shape[1] != len(q) or len(norms) != len(v):
         raise ValueError("rows of the query's length, a norm each, were expected")
     out = np.empty(len(v), np.float32)
-    (_held if v.size <= _HELD_MAX else _free)(v, q, norms, _METRICS[metric], out)
+    (_held if v.size <= _HELD_MAX else _free)(v, q, norms, METRICS[metric], out)
     return out
 
 

@@ -25,7 +25,7 @@ same code ``VectorIndex.search`` runs for its one part):
    mapped back onto q.x and compare across parts;
 3. **rerank**: exact float32 distances for the best first-pass candidates.
 
-Unfiltered, steps 1 and 2 and the rerank pool's gathering are one compiled call, and the final pick another
+Unfiltered, steps 1, 2 and 3 are one compiled call, and the final pick another
 (``IvfParts.first_pass``, ``IvfParts.ranked``).
 
 :meth:`VectorUnion.top` ranks all its parts together with one rerank pool
@@ -60,7 +60,7 @@ import numpy.typing as npt
 from pyroaring import AbstractBitMap, FrozenBitMap
 
 from superfile.errors import InvalidOptionError
-from superfile.format.vector_sections import IvfLists, exact_distances
+from superfile.format.vector_sections import IvfLists
 
 __all__ = ["Hits", "IndexPart", "VectorUnion"]
 
@@ -126,8 +126,7 @@ class VectorUnion:
         if k <= 0 or not len(chosen):
             return _no_hits()
         want = max(rerank or int(self._kernels.rerank[chosen].max()), k)
-        part, v, norms, rows = self._kernels.first_pass(q, chosen, nprobe or 0, k, want)
-        dist = exact_distances(v, q, norms, self.metric)
+        part, dist, rows = self._kernels.first_pass(q, chosen, nprobe or 0, k, want)
         keep = self._kernels.ranked(dist, part, rows, k)
         return part[keep], rows[keep], dist[keep]
 
@@ -156,10 +155,9 @@ class VectorUnion:
         parts, allowed, rows = self._allowed(allow)
         if k <= 0 or not len(parts):
             return _no_hits()
-        part, v, norms, rows = self._kernels.first_pass_each(
+        part, dist, rows = self._kernels.first_pass_each(
             q, parts, allowed, rows, nprobe or 0, rerank or 0, k, _BRUTE_FACTOR, _FILTER_EXPONENT
         )
-        dist = exact_distances(v, q, norms, self.metric)
         keep = self._kernels.ranked(dist, part, rows, k, each=True)
         return part[keep], rows[keep], dist[keep]
 
