@@ -184,6 +184,26 @@ def test_a_frozen_bitmaps_positions_are_kept_for_that_bitmap_only() -> None:
     assert all(r % 2 == 1 for r in rows.tolist())
 
 
+def test_a_repeated_filter_is_answered_from_the_kept_positions_and_they_stay_bounded() -> None:
+    """The same frozen bitmaps give the same allowed rows without joining them again, a new one its own rows,
+    and however many filters come, at most 64 joined answers are kept."""
+    data = clustered(6_000, 16, seed=6)
+    parts = [index(data[:4_000], "l2"), index(data[4_000:], "l2")]
+    union = VectorUnion(parts)
+    rng = np.random.default_rng(9)
+    q = data[5]
+    first = FrozenBitMap(rng.choice(4_000, 500, replace=False).tolist())
+    found = union._allowed([(0, first), (1, None)])
+    assert union._allowed([(0, first), (1, None)]) is found
+    for _ in range(100):
+        other = FrozenBitMap(rng.choice(4_000, int(rng.integers(1, 3_000)), replace=False).tolist())
+        (p, rows, _), *_ = grouped(union.top_each(q, 10, [(0, other), (1, None)]))
+        assert p == 0 and set(rows.tolist()) <= set(other)
+        assert len(union._whole) <= 64
+    parts_, allowed, positions = union._allowed([(0, first), (1, None)])
+    assert parts_.tolist() == [0, 1] and allowed.tolist() == [500, 2_000] and len(positions) == 500
+
+
 def test_only_the_named_parts_are_searched() -> None:
     xs = [clustered(500, 8, seed=s) for s in range(3)]
     union = VectorUnion([index(x, "l2") for x in xs])
