@@ -6,7 +6,8 @@ release is a context switch each way, tens of microseconds of CPU on these VMs: 
 few hundred rows or a query's length costs to compute. So a small batch runs keeping the lock and a large one
 without it. Both are the same compiled loop (:func:`distance`, which the IVF rerank runs on the rows where they
 lie), so a row's distance is the same float wherever it is computed: the index's rerank, the union's and the
-exact kernel's (``table/exact.py``) agree bit for bit.
+exact kernel's (``table/exact.py``) agree bit for bit. numba keeps ``ivf_scan``'s compiled kernels, which
+take :func:`distance` in, by ``ivf_scan.py``'s own file: a change here must touch that file too.
 """
 
 from __future__ import annotations
