@@ -19,6 +19,13 @@ def index(x: np.ndarray, metric: str, **params: int | str) -> VectorIndex:
     return VectorIndex.from_buffer(build_vector_index(x, metric, VectorIndexParams(**params)))
 
 
+def split(n: int, bounds: list[int], metric: str, seed: int) -> tuple[np.ndarray, list[VectorIndex], VectorUnion]:
+    """``n`` clustered 32-d rows, an index of each slice between ``bounds``, and the union of those indexes."""
+    data = clustered(n, 32, seed=seed)
+    parts = [index(data[a:b], metric) for a, b in itertools.pairwise(bounds)]
+    return data, parts, VectorUnion(parts)
+
+
 def grouped(hits: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """A union's hits (each one's part, row and distance, by part) as (part, rows, distances) per part with hits."""
     part, rows, dist = hits
@@ -105,10 +112,7 @@ def test_each_part_ranks_its_allowed_rows_as_its_own_search_does(metric) -> None
     """``top_each``: a part's answer is what its own ``VectorIndex.search`` with the same rows allowed gives, bit
     for bit, whichever parts are searched with it: a few rows allowed (scanned one by one), many (probed), every
     row, none, and rows past the part's end (ignored)."""
-    data = clustered(12_000, 32, seed=21)
-    bounds = [0, 5_000, 9_000, 12_000, 12_400]
-    parts = [index(data[a:b], metric) for a, b in itertools.pairwise(bounds)]
-    union = VectorUnion(parts)
+    data, parts, union = split(12_000, [0, 5_000, 9_000, 12_000, 12_400], metric, seed=21)
     rng = np.random.default_rng(3)
     for q in clustered(8, 32, seed=22):
         allow = [
@@ -138,10 +142,8 @@ def test_a_few_allowed_rows_are_each_scored(metric) -> None:
     """A part allowing fewer rows than its probing would scan has every allowed row scored, wherever its lists
     lie (none are routed), so with a rerank pool that holds them all its answer is the exact nearest: a few rows
     of a large part, or every row of a small one."""
-    data = clustered(12_060, 32, seed=23)
     bounds = [0, 5_000, 9_000, 12_000, 12_060]
-    parts = [index(data[a:b], metric) for a, b in itertools.pairwise(bounds)]
-    union = VectorUnion(parts)
+    data, _, union = split(12_060, bounds, metric, seed=23)
     rng = np.random.default_rng(5)
     for q in clustered(4, 32, seed=24):
         allow: list[tuple[int, BitMap | None]] = [

@@ -715,42 +715,10 @@ def _first_pass_each(
 
 
 @_compiled_held
-def _first_pass_each_held(
-    plan: tuple[Any, ...],
-    first_row: _Ints,
-    end_row: _Ints,
-    base: _Ints,
-    default_nprobe: _Ints,
-    default_rerank: _Ints,
-    parts: _Ints,
-    allowed: _Ints,
-    rows: _Ints,
-    nprobe: int,
-    rerank: int,
-    k: int,
-    brute_factor: float,
-    exponent: float,
-    q: _Floats,
-) -> tuple[_Ints, _Floats, _Ints]:
+def _first_pass_each_held(*args: Any) -> tuple[_Ints, _Floats, _Ints]:
     """:func:`_first_pass_each` keeping the interpreter lock, for a few hundred allowed rows (tens of
     microseconds: less than the two context switches a release costs with another thread waiting)."""
-    return _first_pass_each(
-        plan,
-        first_row,
-        end_row,
-        base,
-        default_nprobe,
-        default_rerank,
-        parts,
-        allowed,
-        rows,
-        nprobe,
-        rerank,
-        k,
-        brute_factor,
-        exponent,
-        q,
-    )
+    return _first_pass_each(*args)
 
 
 @_compiled
