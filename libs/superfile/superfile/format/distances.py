@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from superfile.format.compiled import compiled, compiled_fast, compiled_held
 
-__all__ = ["METRICS", "distance", "distances", "length"]
+__all__ = ["METRICS", "distance", "distances", "dot", "length"]
 
 _Floats = npt.NDArray[np.float32]
 METRICS: Final = {"l2": 0, "cosine": 1, "dot": 2}  # as the compiled kernels take a metric
@@ -27,17 +27,25 @@ _HELD_MAX: Final = 1 << 17  # components read (a 512 KiB batch, ~30 us) that are
 
 
 @compiled_fast
+def dot(a: Any, b: Any) -> Any:
+    """``a . b``, summed in float32, vectorised: routing's and the rerank's dot products."""
+    total = np.float32(0.0)
+    for j in range(len(a)):
+        total += a[j] * b[j]
+    return total
+
+
+@compiled_fast
 def distance(row: Any, q: Any, norm: Any, metric: int) -> Any:
     """One row's distance (``metric``: 0 l2, 1 cosine, 2 dot), its float32 sum over the components vectorised in
     one order fixed by the length (reassociation is allowed, but the loop is the same for every row)."""
-    total = np.float32(0.0)
     if metric == 0:
+        total = np.float32(0.0)
         for j in range(len(q)):
             d = row[j] - q[j]
             total += d * d
         return total
-    for j in range(len(q)):
-        total += row[j] * q[j]
+    total = dot(row, q)
     return np.float32(1.0) - (total / norm if metric == 1 else total)
 
 

@@ -44,7 +44,7 @@ from superfile.format.compiled import compiled_held as _compiled_held
 from superfile.format.compiled import pointer_to as _pointer_to
 from superfile.format.compiled import prefetch as _prefetch
 from superfile.format.distances import METRICS as _METRICS
-from superfile.format.distances import distance
+from superfile.format.distances import distance, dot
 
 __all__ = ["IvfParts", "IvfSections", "superfile_bounds"]
 
@@ -101,14 +101,6 @@ _EXACT_DIMS = 1032  # int8 codes this wide sum exactly in float32: 1032 * 128 * 
 _MARK_SHARE = 32  # a part's allowed rows are sorted by marking its positions when at least 1/32 of its rows
 
 
-@_compiled_fast
-def _dot(a: Any, b: Any) -> Any:
-    total = np.float32(0.0)
-    for j in range(len(a)):
-        total += a[j] * b[j]
-    return total
-
-
 @_compiled
 def _route(cent_at: Any, bias_at: Any, nlist: Any, dim: int, parts: Any, first: Any, q: Any, out: Any) -> None:
     for i in range(len(parts)):
@@ -117,7 +109,7 @@ def _route(cent_at: Any, bias_at: Any, nlist: Any, dim: int, parts: Any, first: 
         bias = numba.carray(_float32_at(bias_at[p]), (nlist[p],))
         at = first[p]
         for lst in range(nlist[p]):
-            out[at + lst] = bias[lst] - np.float32(2.0) * _dot(centroids[lst], q)
+            out[at + lst] = bias[lst] - np.float32(2.0) * dot(centroids[lst], q)
 
 
 @_compiled
@@ -132,7 +124,7 @@ def _project(proj_at: Any, mean_at: Any, dims: Any, dim: int, parts: Any, q: Any
             axis = axes[j]
             for c in range(dims[p]):
                 row[c] += qj * axis[c]
-        offset[p] = _dot(q, numba.carray(_float32_at(mean_at[p]), (dim,)))
+        offset[p] = dot(q, numba.carray(_float32_at(mean_at[p]), (dim,)))
 
 
 @_compiled
@@ -154,17 +146,22 @@ def _key_of(dot: float, norms: Any, i: int, step: float, offset: float, l2: bool
 
 
 @_compiled_fast
+def _dot_code(row: Any, q: Any) -> Any:
+    """A coded query's (as float32) dot product with one row of codes: exact, as :func:`_dots` says."""
+    total = np.float32(0.0)
+    for j in range(len(q)):
+        total += np.float32(row[j]) * q[j]
+    return total
+
+
+@_compiled_fast
 def _dots(codes: Any, lo: int, n: int, q: Any, out: Any) -> None:
     """The dot products of ``q`` (a coded query, as float32) with rows ``lo`` to ``lo + n`` of ``codes`` into
     ``out``, summed in float32: exact (every partial sum is an integer below 2**24 for codes of at most
     :data:`_EXACT_DIMS`), so in any order, and vectorised. A run's dots first, then its keys: 20% less time than
     a key at a time in integers, which numba widens to 64 bits (8 lanes, not 16)."""
     for i in range(n):
-        row = codes[lo + i]
-        total = np.float32(0.0)
-        for j in range(len(q)):
-            total += np.float32(row[j]) * q[j]
-        out[i] = total
+        out[i] = _dot_code(codes[lo + i], q)
 
 
 @_compiled
@@ -172,15 +169,6 @@ def _prefetch_bytes(address: int, n: int) -> None:
     """Ask for the cache lines of ``n`` bytes at ``address``."""
     for line in range(address - address % 64, address + n, 64):
         _prefetch(line)
-
-
-@_compiled_fast
-def _dot_code(row: Any, q: Any) -> Any:
-    """One row's :func:`_dots`."""
-    total = np.float32(0.0)
-    for j in range(len(q)):
-        total += np.float32(row[j]) * q[j]
-    return total
 
 
 @_compiled
