@@ -466,7 +466,7 @@ def test_a_first_pass_is_the_probed_rows_best_keys_reranked(mixed: tuple[str, li
 
 def test_the_ranked_pool_is_lexsorts_top_k_by_part() -> None:
     rng = np.random.default_rng(6)
-    for n, k in ((0, 10), (5, 10), (200, 10), (200, 1), (300, 300), (200, 100), (250, 60)):
+    for n, k in ((0, 10), (5, 10), (200, 10), (200, 1), (300, 300), (200, 100), (250, 60), (3200, 10)):
         dist = rng.integers(0, 20, n).astype(np.float32)  # many ties: broken by part, then row
         part = rng.integers(0, 4, n)
         rows = rng.permutation(n).astype(np.int64)

@@ -713,10 +713,29 @@ def _first_pass_each_held(*args: Any) -> tuple[_Ints, _Floats, _Ints]:
 def _best(dist: _Floats, part: _Ints, rows: _Ints, a: int, b: int, k: int, out: _Ints, at: int) -> int:
     """The first ``k`` of candidates ``a:b`` by (distance, part, row) into ``out[at:]``, in that order; returns
     the next free place. A stable sort by distance, then each run of equal distances (up to the k-th) by (part,
-    row): an insertion of each candidate into the ``k`` held took 0.15 ms at k 100, a hybrid search's depth."""
+    row): an insertion of each candidate into the ``k`` held took 0.15 ms at k 100, a hybrid search's depth.
+    Where the candidates are many for ``k`` (a filtered search's pool of 200 in each part, k 10), only those at or
+    below the k-th distance are sorted: every tie of a kept distance is among them, so the order is the same,
+    and sorting each part's pool whole took ~0.1 ms of a 10% filtered search."""
     n = b - a
     cap = min(k, n)
-    order = np.argsort(dist[a:b], kind="mergesort") + a
+    if cap <= 0:
+        return at
+    order = np.empty(0, np.int64)
+    if n > 4 * cap:
+        cut = np.partition(dist[a:b], cap - 1)[cap - 1]
+        held = np.empty(n, np.int64)
+        count = 0
+        for i in range(a, b):
+            if dist[i] <= cut:
+                held[count] = i
+                count += 1
+        if count >= cap:  # else a NaN cut (no query or row has one; they are refused): every candidate
+            held = held[:count]
+            order = held[np.argsort(dist[held], kind="mergesort")]
+    if not len(order):
+        order = np.argsort(dist[a:b], kind="mergesort") + a
+    n = len(order)
     i = 0
     while i < cap:
         j = i + 1
