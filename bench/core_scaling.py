@@ -1,17 +1,22 @@
 """Queries/s on two cores: one client thread, two client threads in one process, two processes of one thread.
 
-    .venv/bin/python bench/core_scaling.py --cache /tmp/sfbench-250k
+    .venv/bin/python bench/core_scaling.py --cache /tmp/sfbench-250k-chain
+    .venv/bin/python bench/core_scaling.py --cache /tmp/sfbench-250k-chain --serial  # also searches kept serial
 
-Issue 20 asks two client threads for 1.8x the queries/s of one. Around its native calls (the IVF scan is one,
-without the interpreter lock) a search is a few hundred numpy calls and Python, and most numpy calls release
-the lock for a few microseconds: with a second thread waiting, each release hands the lock over (a futex wake
-and a context switch), so two threads cost more CPU per query than one. Two processes share nothing of the
-kind. This
-runs the same queries over the same table (a ``search_bench.py`` cache, built there) the three ways, for
-superfile's vector (nprobe 8), BM25, filtered vector (10% of rows) and hybrid searches, the first two beside
-the single usearch and tantivy indexes (``--kinds`` picks some), each
-``--repeat`` times, alternating, and reports medians: queries/s (all clients together) and CPU ms per
-query (every thread of every measuring process).
+Issue 20 asks two client threads for 1.8x the queries/s of one. A search's Python holds the interpreter lock;
+its native steps (tantivy, the IVF scan) let it go, and with a second thread waiting each release hands the lock
+over (a futex wake and a context switch), so two threads can cost more CPU per query than one. Two processes
+share nothing of the kind. A search alone on an idle machine also spreads its filtered scans and hybrid's two
+retrievers over the query pool (``pools.searching``), so one client thread may use both cores already;
+``--serial`` adds one and two client threads whose searches each stay on their caller's thread
+(``SUPERFILE_QUERY_THREADS=1``), to tell the two apart.
+
+This runs the same queries over the same table (a ``search_bench.py`` cache, built there) the three (or five)
+ways, for
+superfile's vector (nprobe 8), BM25, filtered vector (0.1, 1, 10 and 50% of rows) and hybrid searches, the first
+two beside the single usearch and tantivy indexes (``--kinds`` picks some), each ``--repeat`` times, alternating,
+and reports medians: queries/s (all clients together) and CPU ms per query (every thread of every measuring
+process).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,18 +40,31 @@ CASES: tuple[Case, ...] = (
     ("usearch", "vector", {"ef": 256}),
     ("superfile", "bm25", {}),
     ("tantivy", "bm25", {}),
+    ("superfile", "filtered", {"level": 0.001}),
+    ("superfile", "filtered", {"level": 0.01}),
     ("superfile", "filtered", {"level": 0.1}),
+    ("superfile", "filtered", {"level": 0.5}),
     ("superfile", "hybrid", {}),
 )
 KEYS = ("qps", "cpu_ms_per_query")
 
 
 def _client(
-    system: str, kind: str, setting: dict[str, Any], cache: str, threads: int, passes: int, ready: Any, out: Any
+    system: str,
+    kind: str,
+    setting: dict[str, Any],
+    cache: str,
+    threads: int,
+    serial: bool,
+    passes: int,
+    ready: Any,
+    out: Any,
 ) -> None:
     """Open the system, warm it with every query once, wait at ``ready`` for the other clients, then run
     ``passes`` passes over the queries from ``threads`` client threads (``search_bench.timed_pass``); put
     (queries, wall s, CPU s) on ``out``."""
+    if serial:  # read when the query pool starts, at the first search
+        os.environ["SUPERFILE_QUERY_THREADS"] = "1"
     q = queries()
     n = q.num_rows
     sysobj = CLASSES[system](Path(cache), q)
@@ -64,14 +83,14 @@ def _client(
     out.put((n * passes, wall, time.process_time() - cpu0))
 
 
-def run(
-    case: tuple[str, str, dict[str, Any]], cache: Path, processes: int, threads: int, passes: int
-) -> dict[str, float]:
-    """``processes`` processes of ``threads`` client threads each, started together once all are warm."""
+def run(case: Case, cache: Path, processes: int, threads: int, serial: bool, passes: int) -> dict[str, float]:
+    """``processes`` processes of ``threads`` client threads each, started together once all are warm; with
+    ``serial``, no search spreads over the query pool."""
     ctx = mp.get_context("spawn")
     ready, out = ctx.Barrier(processes + 1), ctx.Queue()
     procs = [
-        ctx.Process(target=_client, args=(*case, str(cache), threads, passes, ready, out)) for _ in range(processes)
+        ctx.Process(target=_client, args=(*case, str(cache), threads, serial, passes, ready, out))
+        for _ in range(processes)
     ]
     for p in procs:
         p.start()
@@ -93,31 +112,44 @@ def main() -> None:
     p.add_argument("--passes", type=int, default=10)
     p.add_argument("--kinds", default="vector,bm25,filtered,hybrid", help="which of the cases to run")
     p.add_argument("--out", default="core_scaling", help="results file name under bench/results (no .json)")
+    p.add_argument(
+        "--serial", action="store_true", help="also 1 and 2 client threads whose searches do not spread (see above)"
+    )
     args = p.parse_args()
     if not build_info(args.cache):
         raise SystemExit(f"{args.cache}: no search_bench.py build there (run it with --cache {args.cache} first)")
-    ways = {"1 thread": (1, 1), "2 threads": (1, 2), "2 processes": (2, 1)}
+    ways = {"1 thread": (1, 1, False), "2 threads": (1, 2, False), "2 processes": (2, 1, False)}
+    if args.serial:
+        ways |= {"1 thread, serial": (1, 1, True), "2 threads, serial": (1, 2, True)}
     runs: dict[str, dict[str, list[dict[str, float]]]] = {}
     cases = [c for c in CASES if c[1] in args.kinds.split(",")]
     for _ in range(args.repeat):
         for case in cases:
-            name = f"{case[1]} {case[0]}"
-            for way, (procs, threads) in ways.items():
-                runs.setdefault(name, {}).setdefault(way, []).append(run(case, args.cache, procs, threads, args.passes))
+            level = case[2].get("level")
+            name = f"{case[1]} {case[0]}" + ("" if level is None else f" {level:.1%}")
+            for way, (procs, threads, serial) in ways.items():
+                result = run(case, args.cache, procs, threads, serial, args.passes)
+                runs.setdefault(name, {}).setdefault(way, []).append(result)
     summary = {
         name: {way: {key: median([r[key] for r in rs]) for key in KEYS} for way, rs in by_way.items()}
         for name, by_way in runs.items()
     }
-    for name, by_way in summary.items():
-        one = by_way["1 thread"]["qps"]
+    for name, by_way in summary.items():  # each way against 1 thread of its own kind (spreading or serial)
+        one = {w: by_way["1 thread, serial" if w.endswith("serial") else "1 thread"]["qps"] for w in by_way}
         cells = [
-            f"{w}: {v['qps']:.0f} q/s ({v['qps'] / one:.2f}x), {v['cpu_ms_per_query']:.2f} CPU ms"
+            f"{w}: {v['qps']:.0f} q/s ({v['qps'] / one[w]:.2f}x), {v['cpu_ms_per_query']:.2f} CPU ms"
             for w, v in by_way.items()
         ]
         print(f"{name}: " + "; ".join(cells), flush=True)
     save(
         args.out,
-        {"cache": str(args.cache), "repeat": args.repeat, "passes": args.passes, "runs": runs, "medians": summary},
+        {
+            "cache": str(args.cache),
+            "repeat": args.repeat,
+            "passes": args.passes,
+            "runs": runs,
+            "medians": summary,
+        },
     )
     print(json.dumps(summary, indent=1))
 
