@@ -9,10 +9,10 @@ For each kind, py-spy starts a child process (``py-spy record --native -- python
 (``measured_loop``). It does so twice: into ``docs/profiles/<kind>.svg`` (``--format flamegraph``), then as
 collapsed stacks, from which ``docs/profiles/README.md`` lists the frames with the most self time (the
 innermost frame of each sample: where the CPU was) and the share of samples in native code, leaving out the
-samples of the open, the imports and the warm-up (with the segment merges it waits for), and counting apart the
-samples of threads that wait; ``--native`` shows the time inside tantivy, usearch, numpy and Arrow under their
-own frames. py-spy cannot attach (``--pid``) to a process whose BLAS threads are busy on this machine, hence the
-start from py-spy.
+samples of the open, the imports and the warm-up (with the superfile opens and segment merges it sets off), and
+counting apart the samples of threads that wait; ``--native`` shows the time inside tantivy, usearch, numpy and
+Arrow under their own frames. py-spy cannot attach (``--pid``) to a process whose BLAS threads are busy on this
+machine, hence the start from py-spy.
 
 Kinds: ``bm25`` (top 10), ``vector`` (top 10, default knobs), ``filtered`` (vector, ``where doc_id % 1000
 < 100``: 10% of the rows), ``hybrid`` (BM25 + vector, RRF) and ``sql_count`` (``SELECT count(*) ... WHERE
@@ -40,9 +40,16 @@ KINDS = ("bm25", "vector", "filtered", "hybrid", "sql_count")
 PROFILES = ROOT / "docs" / "profiles"
 PY_SPY = Path(sys.executable).parent / "py-spy"
 TOP = 12
-# frames of the table's open, the imports and the warm-up pass: left out of the self-time list; so are the
-# segment merges the warm-up sets off and waits for (``Superfile.settle``), which run on the merge thread
-SETUP_FRAMES = ("warm_up (", "query_fn (", "_find_and_load", "_work (superfile/format/fulltext_merge.py")
+# frames of the table's open, the imports and the warm-up pass: left out of the self-time list; so are what the
+# warm-up sets off on other threads: the superfiles' opens (checksums, on the query pool; the table's 16 stay
+# open after) and the segment merges it waits for (``Superfile.settle``, on the merge thread)
+SETUP_FRAMES = (
+    "warm_up (",
+    "query_fn (",
+    "_find_and_load",
+    "TableFiles.open (",
+    "_work (superfile/format/fulltext_merge.py",
+)
 # innermost frames of a thread that waits (py-spy's idle filter misses them with --native): counted apart
 WAIT_FRAMES = ("acquire_lock", "cond_wait", "cond_timedwait", "sem_wait", "sem_timedwait", "futex", "epoll_wait")
 
