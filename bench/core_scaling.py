@@ -12,11 +12,10 @@ retrievers over the query pool (``pools.searching``), so one client thread may u
 (``SUPERFILE_QUERY_THREADS=1``), to tell the two apart.
 
 This runs the same queries over the same table (a ``search_bench.py`` cache, built there) the three (or five)
-ways, for
-superfile's vector (nprobe 8), BM25, filtered vector (0.1, 1, 10 and 50% of rows) and hybrid searches, the first
-two beside the single usearch and tantivy indexes (``--kinds`` picks some), each ``--repeat`` times, alternating,
-and reports medians: queries/s (all clients together) and CPU ms per query (every thread of every measuring
-process).
+ways, for superfile's vector (nprobe 8), BM25, filtered vector (0.1, 1, 10 and 50% of rows) and hybrid searches,
+the first two beside the single usearch and tantivy indexes (``--kinds`` picks some), each ``--repeat`` times,
+alternating, and reports medians: queries/s (all clients together) and CPU ms per query (every thread of every
+measuring process).
 """
 
 from __future__ import annotations
@@ -143,13 +142,7 @@ def main() -> None:
         print(f"{name}: " + "; ".join(cells), flush=True)
     save(
         args.out,
-        {
-            "cache": str(args.cache),
-            "repeat": args.repeat,
-            "passes": args.passes,
-            "runs": runs,
-            "medians": summary,
-        },
+        {"cache": str(args.cache), "repeat": args.repeat, "passes": args.passes, "runs": runs, "medians": summary},
     )
     print(json.dumps(summary, indent=1))
 
