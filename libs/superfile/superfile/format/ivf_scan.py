@@ -721,20 +721,12 @@ def _best(dist: _Floats, part: _Ints, rows: _Ints, a: int, b: int, k: int, out: 
     cap = min(k, n)
     if cap <= 0:
         return at
-    order = np.empty(0, np.int64)
+    held = np.arange(a, b)
     if n > 4 * cap:
-        cut = np.partition(dist[a:b], cap - 1)[cap - 1]
-        held = np.empty(n, np.int64)
-        count = 0
-        for i in range(a, b):
-            if dist[i] <= cut:
-                held[count] = i
-                count += 1
-        if count >= cap:  # else a NaN cut (no query or row has one; they are refused): every candidate
-            held = held[:count]
-            order = held[np.argsort(dist[held], kind="mergesort")]
-    if not len(order):
-        order = np.argsort(dist[a:b], kind="mergesort") + a
+        below = held[dist[a:b] <= np.partition(dist[a:b], cap - 1)[cap - 1]]
+        if len(below) >= cap:  # else a NaN cut (no query or row has one; they are refused): every candidate
+            held = below
+    order = held[np.argsort(dist[held], kind="mergesort")]
     n = len(order)
     i = 0
     while i < cap:
